@@ -1,0 +1,102 @@
+#pragma once
+/// \file param_arena.hpp
+/// The flat parameter/gradient arena: all parameters of a model in ONE fp32 buffer, all gradients
+/// in another, each parameter 64-byte aligned. Layers keep views (Param). Optimizers, gradient
+/// buckets, clipping and checkpoints work on the flat buffers.
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <xsimd/xsimd.hpp>
+
+#include "xtrain/core/concepts.hpp"
+#include "xtrain/core/error.hpp"
+#include "xtrain/core/param.hpp"
+
+namespace xtrain {
+
+/// Aligned fp32 storage for the arena and the optimizer state.
+using AlignedVector = std::vector<float, xsimd::aligned_allocator<float, 64>>;
+
+/// One parameter's place in the arena.
+struct ParamEntry {
+  std::string name;                ///< PyTorch state_dict name, e.g. "0.weight"
+  std::vector<std::size_t> shape;  ///< as PyTorch: Linear weight is [out, in]
+  std::size_t offset = 0;          ///< first element in the flat buffers
+  std::size_t size = 0;            ///< number of elements
+};
+
+class ParamArena {
+ public:
+  /// Elements per alignment unit: every parameter starts on a 64-byte boundary.
+  static constexpr std::size_t alignment = 16;
+
+  ParamArena() = default;
+
+  /// Adopts every parameter of `model` (in visit order = layer order).
+  /// Ensures: values unchanged, gradients zero, each Param views its slice.
+  template <class Model>
+  explicit ParamArena(Model& model) {
+    adopt(model);
+  }
+
+  ParamArena(const ParamArena&) = delete;  // layers view this storage: copying would alias it
+  ParamArena& operator=(const ParamArena&) = delete;
+  ParamArena(ParamArena&&) noexcept = default;  // vector moves keep the heap buffers
+  ParamArena& operator=(ParamArena&&) noexcept = default;
+
+  template <class Model>
+  void adopt(Model& model) {
+    static_assert(check_layer<Model>());
+    entries_.clear();
+    std::size_t total = 0;
+    model.visit_params(std::string{}, [&](const std::string& name, Param& p) {
+      XTRAIN_CHECK(!p.in_arena(), ValueError, "ParamArena: parameter '", name,
+                   "' already lives in another arena (adopt each model once)");
+      entries_.push_back({name, p.shape(), total, p.size()});
+      total += (p.size() + alignment - 1) / alignment * alignment;
+    });
+    values_.assign(total, 0.0f);
+    grads_.assign(total, 0.0f);
+    std::size_t i = 0;
+    model.visit_params(std::string{}, [&](const std::string&, Param& p) {
+      p.rebind(values_.data() + entries_[i].offset, grads_.data() + entries_[i].offset);
+      ++i;
+    });
+    zero_grad();
+  }
+
+  std::span<float> values() noexcept { return {values_.data(), values_.size()}; }
+  std::span<const float> values() const noexcept { return {values_.data(), values_.size()}; }
+  std::span<float> grads() noexcept { return {grads_.data(), grads_.size()}; }
+  std::span<const float> grads() const noexcept { return {grads_.data(), grads_.size()}; }
+  /// Length of the flat buffers (parameters plus alignment padding, which stays zero).
+  std::size_t size() const noexcept { return values_.size(); }
+  /// Number of trainable scalars (no padding).
+  std::size_t parameter_count() const noexcept {
+    std::size_t n = 0;
+    for (const auto& e : entries_) n += e.size;
+    return n;
+  }
+  const std::vector<ParamEntry>& entries() const noexcept { return entries_; }
+
+  /// The entry named `name`; throws ValueError naming it when absent.
+  const ParamEntry& entry(const std::string& name) const {
+    auto it = std::find_if(entries_.begin(), entries_.end(), [&](const auto& e) { return e.name == name; });
+    XTRAIN_CHECK(it != entries_.end(), ValueError, "ParamArena: no parameter named '", name, "'");
+    return *it;
+  }
+  std::span<float> values(const ParamEntry& e) noexcept { return {values_.data() + e.offset, e.size}; }
+  std::span<float> grads(const ParamEntry& e) noexcept { return {grads_.data() + e.offset, e.size}; }
+
+  void zero_grad() noexcept { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+
+ private:
+  AlignedVector values_, grads_;
+  std::vector<ParamEntry> entries_;
+};
+
+}  // namespace xtrain

@@ -1,0 +1,52 @@
+#pragma once
+/// \file loader.hpp
+/// Batches from a Dataset in the order of the GlobalSampler, gathered into buffers that are
+/// reused from step to step (no allocation once the first batch of each size is built).
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "xtrain/core/tensor.hpp"
+#include "xtrain/data/dataset.hpp"
+#include "xtrain/parallel/sampler.hpp"
+
+namespace xtrain::data {
+
+/// One rank's batch: features, labels and where they sit in the global batch.
+struct Batch {
+  const Matrix& x;
+  std::span<const std::int32_t> y;
+  std::size_t global_offset;  ///< position of row 0 in the global batch
+  std::size_t global_count;   ///< samples in the global batch, all ranks together
+};
+
+template <Dataset D>
+class Loader {
+ public:
+  /// `global_batch` samples per step over all ranks; this rank gets its shard of each.
+  Loader(const D& dataset, std::size_t global_batch, std::uint64_t seed, bool shuffle = true, bool drop_last = false,
+         std::size_t rank = 0, std::size_t world = 1)
+      : data_(&dataset), sampler_(dataset.size(), global_batch, seed, shuffle, drop_last, rank, world) {}
+
+  void set_epoch(std::uint64_t epoch) { sampler_.set_epoch(epoch); }
+  std::size_t batches() const noexcept { return sampler_.batches(); }
+
+  /// Gathers batch k of the current epoch. The returned references stay valid until the next call.
+  Batch batch(std::size_t k) {
+    const parallel::Shard s = sampler_.shard(k);
+    data_->gather(s.indices, x_, y_);
+    return {x_, y_, s.global_offset, s.global_count};
+  }
+
+  const parallel::GlobalSampler& sampler() const noexcept { return sampler_; }
+
+ private:
+  const D* data_;
+  parallel::GlobalSampler sampler_;
+  Matrix x_;
+  std::vector<std::int32_t> y_;
+};
+
+}  // namespace xtrain::data

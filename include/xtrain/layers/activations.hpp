@@ -1,0 +1,120 @@
+#pragma once
+/// \file activations.hpp
+/// Element-wise activation layers: ReLU, Tanh, Sigmoid, GELU (exact erf or tanh approximation),
+/// and Activation, the same layers chosen at run time by name (`--activation gelu`).
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "xtrain/core/context.hpp"
+#include "xtrain/core/error.hpp"
+#include "xtrain/core/param.hpp"
+#include "xtrain/core/tensor.hpp"
+#include "xtrain/kernels/elementwise.hpp"
+
+namespace xtrain::layers {
+
+/// Which function an Activation layer computes.
+enum class ActivationKind { relu, tanh, sigmoid, gelu, gelu_tanh };
+
+/// Parses "relu", "tanh", "sigmoid", "gelu" (exact) or "gelu_tanh"; throws ValueError otherwise.
+inline ActivationKind activation_kind(std::string_view name) {
+  if (name == "relu") return ActivationKind::relu;
+  if (name == "tanh") return ActivationKind::tanh;
+  if (name == "sigmoid") return ActivationKind::sigmoid;
+  if (name == "gelu") return ActivationKind::gelu;
+  if (name == "gelu_tanh") return ActivationKind::gelu_tanh;
+  throw ValueError("unknown activation '" + std::string(name) + "' (expected relu, tanh, sigmoid, gelu or gelu_tanh)");
+}
+
+/// A parameter-free element-wise layer whose function is chosen at construction.
+class Activation {
+ public:
+  explicit Activation(ActivationKind kind) : kind_(kind) {}
+  explicit Activation(std::string_view name) : kind_(activation_kind(name)) {}
+
+  const Matrix& forward(Context&, const Matrix& x) {
+    ensure_shape(y_, x.shape(0), x.shape(1));
+    dispatch([&]<class Op>() { kernels::activation_forward<Op>(x.data(), y_.data(), x.size()); });
+    x_ = &x;
+    return y_;
+  }
+
+  const Matrix& backward(Context&, const Matrix& dy) {
+    XTRAIN_CHECK(x_ != nullptr, ValueError, describe(), ": backward called before forward");
+    XTRAIN_CHECK(dy.shape() == y_.shape(), ShapeError, describe(), ": gradient has shape ", shape_string(shape_of(dy)),
+                 ", expected ", shape_string(shape_of(y_)));
+    ensure_shape(dx_, dy.shape(0), dy.shape(1));
+    dispatch([&]<class Op>() {
+      const float* saved = Op::saves_input ? x_->data() : y_.data();
+      kernels::activation_backward<Op>(saved, dy.data(), dx_.data(), dy.size());
+    });
+    return dx_;
+  }
+
+  template <class F>
+  void visit_params(const std::string&, F&&) {}
+
+  ActivationKind kind() const noexcept { return kind_; }
+  std::string describe() const {
+    switch (kind_) {
+      case ActivationKind::relu:
+        return "ReLU()";
+      case ActivationKind::tanh:
+        return "Tanh()";
+      case ActivationKind::sigmoid:
+        return "Sigmoid()";
+      case ActivationKind::gelu:
+        return "GELU(approximate='none')";
+      case ActivationKind::gelu_tanh:
+        return "GELU(approximate='tanh')";
+    }
+    return "Activation()";
+  }
+
+ private:
+  template <class F>
+  void dispatch(F&& f) const {
+    switch (kind_) {
+      case ActivationKind::relu:
+        return f.template operator()<kernels::ops::Relu>();
+      case ActivationKind::tanh:
+        return f.template operator()<kernels::ops::Tanh>();
+      case ActivationKind::sigmoid:
+        return f.template operator()<kernels::ops::Sigmoid>();
+      case ActivationKind::gelu:
+        return f.template operator()<kernels::ops::GeluErf>();
+      case ActivationKind::gelu_tanh:
+        return f.template operator()<kernels::ops::GeluTanh>();
+    }
+  }
+
+  ActivationKind kind_;
+  const Matrix* x_ = nullptr;
+  Matrix y_, dx_;
+};
+
+/// max(x, 0).
+struct ReLU : Activation {
+  ReLU() : Activation(ActivationKind::relu) {}
+};
+/// tanh(x).
+struct Tanh : Activation {
+  Tanh() : Activation(ActivationKind::tanh) {}
+};
+/// 1 / (1 + exp(-x)).
+struct Sigmoid : Activation {
+  Sigmoid() : Activation(ActivationKind::sigmoid) {}
+};
+
+/// GELU's two forms, as PyTorch's `approximate` argument.
+enum class Approximate { none, tanh };
+
+/// x * Phi(x) (exact, default) or its tanh approximation.
+struct GELU : Activation {
+  explicit GELU(Approximate approximate = Approximate::none)
+      : Activation(approximate == Approximate::none ? ActivationKind::gelu : ActivationKind::gelu_tanh) {}
+};
+
+}  // namespace xtrain::layers

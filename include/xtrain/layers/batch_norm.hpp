@@ -1,0 +1,176 @@
+#pragma once
+/// \file batch_norm.hpp
+/// BatchNorm1d over [batch, features] as PyTorch (Ioffe & Szegedy, arXiv:1502.03167): batch
+/// statistics in training (biased variance to normalise, unbiased for the running estimate),
+/// running statistics in evaluation, momentum 0.1, eps 1e-5, affine weight 1 and bias 0.
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "xtrain/core/context.hpp"
+#include "xtrain/core/error.hpp"
+#include "xtrain/core/param.hpp"
+#include "xtrain/core/tensor.hpp"
+
+namespace xtrain::layers {
+
+class BatchNorm1d {
+ public:
+  /// Requires features > 0.
+  explicit BatchNorm1d(std::size_t features)
+      : features_(features),
+        weight_({features}),
+        bias_({features}),
+        running_mean_(features, 0.0f),
+        running_var_(features, 1.0f),
+        mean_(features),
+        invstd_(features),
+        mean_dy_(features),
+        mean_dy_xhat_(features) {
+    XTRAIN_CHECK(features > 0, ValueError, "BatchNorm1d(", features, "): the feature count must be positive");
+    for (float& w : weight_.values()) w = 1.0f;
+  }
+
+  /// Weight of the new batch statistics in the running estimate; Requires 0 <= m <= 1.
+  BatchNorm1d& momentum(float m) {
+    XTRAIN_CHECK(m >= 0.0f && m <= 1.0f, ValueError, describe(), ": momentum ", m, " is outside [0, 1]");
+    momentum_ = m;
+    return *this;
+  }
+  /// Added to the variance; Requires eps > 0.
+  BatchNorm1d& eps(float e) {
+    XTRAIN_CHECK(e > 0.0f, ValueError, describe(), ": eps ", e, " must be positive");
+    eps_ = e;
+    return *this;
+  }
+
+  const Matrix& forward(Context& ctx, const Matrix& x) {
+    XTRAIN_CHECK(x.dimension() == 2 && x.shape(1) == features_, ShapeError, describe(), ": input has shape ",
+                 shape_string(shape_of(x)), ", expected [batch, ", features_, "]");
+    const std::size_t n = x.shape(0), c = features_;
+    ensure_shape(xhat_, n, c);
+    ensure_shape(y_, n, c);
+    training_ = ctx.training;
+    if (ctx.training) {
+      XTRAIN_CHECK(n > 1, ValueError, describe(),
+                   ": expected more than 1 value per channel when training, got input of shape ",
+                   shape_string(shape_of(x)), " (use a batch of 2 or more, or drop_last)");
+      std::vector<double>& sum = scratch_;
+      sum.assign(2 * c, 0.0);
+      const float* px = x.data();
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t j = 0; j < c; ++j) sum[j] += px[r * c + j];
+      for (std::size_t j = 0; j < c; ++j) mean_[j] = static_cast<float>(sum[j] / n);
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t j = 0; j < c; ++j) {
+          const double d = static_cast<double>(px[r * c + j]) - mean_[j];
+          sum[c + j] += d * d;
+        }
+      for (std::size_t j = 0; j < c; ++j) {
+        const double var = sum[c + j] / n;
+        invstd_[j] = static_cast<float>(1.0 / std::sqrt(var + eps_));
+        running_mean_[j] = (1.0f - momentum_) * running_mean_[j] + momentum_ * mean_[j];
+        running_var_[j] = (1.0f - momentum_) * running_var_[j] + momentum_ * static_cast<float>(sum[c + j] / (n - 1));
+      }
+      ++num_batches_tracked_;
+    } else {
+      for (std::size_t j = 0; j < c; ++j) {
+        mean_[j] = running_mean_[j];
+        invstd_[j] = 1.0f / std::sqrt(running_var_[j] + eps_);
+      }
+    }
+    const float* px = x.data();
+    const float* g = weight_.data();
+    const float* b = bias_.data();
+    float* xh = xhat_.data();
+    float* py = y_.data();
+    for (std::size_t r = 0; r < n; ++r)
+      for (std::size_t j = 0; j < c; ++j) {
+        const float v = (px[r * c + j] - mean_[j]) * invstd_[j];
+        xh[r * c + j] = v;
+        py[r * c + j] = g[j] * v + b[j];
+      }
+    return y_;
+  }
+
+  /// dgamma += sum(dy * xhat), dbeta += sum(dy); dx through the batch statistics when training.
+  const Matrix& backward(Context& ctx, const Matrix& dy) {
+    const std::size_t n = xhat_.shape(0), c = features_;
+    XTRAIN_CHECK(dy.dimension() == 2 && dy.shape(0) == n && dy.shape(1) == c, ShapeError, describe(),
+                 ": gradient has shape ", shape_string(shape_of(dy)), ", expected [", n, ", ", c, "]");
+    std::vector<double>& sum = scratch_;
+    sum.assign(2 * c, 0.0);  // [sum dy, sum dy * xhat]
+    const float* pd = dy.data();
+    const float* xh = xhat_.data();
+    for (std::size_t r = 0; r < n; ++r)
+      for (std::size_t j = 0; j < c; ++j) {
+        sum[j] += pd[r * c + j];
+        sum[c + j] += static_cast<double>(pd[r * c + j]) * xh[r * c + j];
+      }
+    float* gw = weight_.grad();
+    float* gb = bias_.grad();
+    for (std::size_t j = 0; j < c; ++j) {
+      gw[j] += static_cast<float>(sum[c + j]);
+      gb[j] += static_cast<float>(sum[j]);
+    }
+    if (!ctx.input_grad) {
+      ensure_shape(dx_, 0, 0);
+      return dx_;
+    }
+    ensure_shape(dx_, n, c);
+    const float* g = weight_.data();
+    float* pdx = dx_.data();
+    if (training_) {
+      // dx = gamma * invstd * (dy - mean(dy) - xhat * mean(dy * xhat))
+      for (std::size_t j = 0; j < c; ++j) {
+        mean_dy_[j] = static_cast<float>(sum[j] / n);
+        mean_dy_xhat_[j] = static_cast<float>(sum[c + j] / n);
+      }
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t j = 0; j < c; ++j)
+          pdx[r * c + j] = g[j] * invstd_[j] * (pd[r * c + j] - mean_dy_[j] - xh[r * c + j] * mean_dy_xhat_[j]);
+    } else {
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t j = 0; j < c; ++j) pdx[r * c + j] = pd[r * c + j] * g[j] * invstd_[j];
+    }
+    return dx_;
+  }
+
+  template <class F>
+  void visit_params(const std::string& prefix, F&& f) {
+    f(prefix + "weight", weight_);
+    f(prefix + "bias", bias_);
+  }
+  /// Running statistics, named as PyTorch's state_dict.
+  template <class F>
+  void visit_buffers(const std::string& prefix, F&& f) {
+    f(prefix + "running_mean", std::span<float>(running_mean_));
+    f(prefix + "running_var", std::span<float>(running_var_));
+    f(prefix + "num_batches_tracked", num_batches_tracked_);
+  }
+
+  Param& weight() noexcept { return weight_; }
+  Param& bias() noexcept { return bias_; }
+  std::span<const float> running_mean() const noexcept { return running_mean_; }
+  std::span<const float> running_var() const noexcept { return running_var_; }
+  std::int64_t num_batches_tracked() const noexcept { return num_batches_tracked_; }
+  std::size_t features() const noexcept { return features_; }
+  std::string describe() const { return "BatchNorm1d(" + std::to_string(features_) + ")"; }
+
+ private:
+  std::size_t features_;
+  float momentum_ = 0.1f, eps_ = 1e-5f;
+  Param weight_, bias_;
+  std::vector<float> running_mean_, running_var_;
+  std::int64_t num_batches_tracked_ = 0;
+  std::vector<float> mean_, invstd_, mean_dy_, mean_dy_xhat_;
+  std::vector<double> scratch_;
+  bool training_ = true;
+  Matrix xhat_, y_, dx_;
+};
+
+}  // namespace xtrain::layers

@@ -1,0 +1,81 @@
+#pragma once
+/// \file callbacks.hpp
+/// Callbacks are plain objects; the Trainer calls whichever of these members they have
+/// (found by detection, nothing to inherit):
+///   on_train_begin(trainer)            on_epoch_begin(trainer, epoch)   (epoch is 1-based)
+///   on_step_end(trainer, StepResult)   on_epoch_end(trainer, EpochMetrics)
+///   on_train_end(trainer, History)
+/// A callback may call trainer.request_stop() to end fit() after the current epoch.
+
+#include <cstdio>
+#include <limits>
+#include <string>
+
+#include "xtrain/core/error.hpp"
+#include "xtrain/train/metrics.hpp"
+
+namespace xtrain::callbacks {
+
+/// Calls `cb.name(args...)` if that member exists.
+#define XTRAIN_DEFINE_CALLBACK_HOOK(name)                           \
+  template <class Callback, class... Args>                          \
+  void name(Callback& cb, Args&... args) {                          \
+    if constexpr (requires { cb.name(args...); }) cb.name(args...); \
+  }
+XTRAIN_DEFINE_CALLBACK_HOOK(on_train_begin)
+XTRAIN_DEFINE_CALLBACK_HOOK(on_epoch_begin)
+XTRAIN_DEFINE_CALLBACK_HOOK(on_step_end)
+XTRAIN_DEFINE_CALLBACK_HOOK(on_epoch_end)
+XTRAIN_DEFINE_CALLBACK_HOOK(on_train_end)
+#undef XTRAIN_DEFINE_CALLBACK_HOOK
+
+/// Stops training when the test loss has not improved by `min_delta` for `patience` epochs.
+class EarlyStopping {
+ public:
+  explicit EarlyStopping(std::size_t patience = 3, double min_delta = 0.0)
+      : patience_(patience), min_delta_(min_delta) {}
+  template <class Trainer>
+  void on_epoch_end(Trainer& trainer, const EpochMetrics& m) {
+    if (m.test.loss < best_ - min_delta_) {
+      best_ = m.test.loss;
+      bad_epochs_ = 0;
+    } else if (++bad_epochs_ >= patience_) {
+      trainer.request_stop();
+    }
+  }
+  double best() const noexcept { return best_; }
+
+ private:
+  std::size_t patience_;
+  double min_delta_;
+  double best_ = std::numeric_limits<double>::infinity();
+  std::size_t bad_epochs_ = 0;
+};
+
+/// Appends one CSV row per epoch (rank 0 only): epoch, train/test loss and accuracy, seconds, samples/s.
+class CsvLogger {
+ public:
+  explicit CsvLogger(std::string path) : path_(std::move(path)) {}
+  template <class Trainer>
+  void on_train_begin(Trainer& trainer) {
+    if (!trainer.is_main_process()) return;
+    std::FILE* f = std::fopen(path_.c_str(), "w");
+    XTRAIN_CHECK(f != nullptr, ValueError, "CsvLogger: cannot write ", path_);
+    std::fputs("epoch,train_loss,train_accuracy,test_loss,test_accuracy,seconds,samples_per_second\n", f);
+    std::fclose(f);
+  }
+  template <class Trainer>
+  void on_epoch_end(Trainer& trainer, const EpochMetrics& m) {
+    if (!trainer.is_main_process()) return;
+    std::FILE* f = std::fopen(path_.c_str(), "a");
+    XTRAIN_CHECK(f != nullptr, ValueError, "CsvLogger: cannot append to ", path_);
+    std::fprintf(f, "%zu,%.6f,%.4f,%.6f,%.4f,%.4f,%.1f\n", m.epoch, m.train.loss, m.train.accuracy, m.test.loss,
+                 m.test.accuracy, m.seconds, m.samples_per_second);
+    std::fclose(f);
+  }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace xtrain::callbacks

@@ -1,0 +1,42 @@
+#pragma once
+/// \file metrics.hpp
+/// What training and evaluation report.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace xtrain {
+
+/// Loss and accuracy over a whole data set (each sample counted exactly once).
+struct EvalResult {
+  double loss = 0.0;      ///< mean cross-entropy per sample
+  double accuracy = 0.0;  ///< percent of samples whose argmax is the label
+  std::size_t count = 0;  ///< samples evaluated
+};
+
+/// One optimizer step, as callbacks see it.
+struct StepResult {
+  std::uint64_t step = 0;   ///< optimizer steps taken so far, this one included
+  float loss = 0.0f;        ///< mean loss of this step's global batch
+  float lr = 0.0f;          ///< learning rate used
+  std::size_t samples = 0;  ///< samples in this step's global batch
+};
+
+/// One epoch of fit().
+struct EpochMetrics {
+  std::size_t epoch = 0;  ///< 1-based
+  std::size_t epochs = 0;
+  EvalResult train;      ///< running loss/accuracy over the epoch's training batches (train mode)
+  EvalResult test;       ///< after the epoch, in eval mode
+  double seconds = 0.0;  ///< training time of the epoch (evaluation excluded)
+  double samples_per_second = 0.0;
+};
+
+/// Everything fit() measured.
+struct History {
+  std::vector<EpochMetrics> epochs;
+  double seconds = 0.0;  ///< wall time of fit(), evaluation included
+};
+
+}  // namespace xtrain

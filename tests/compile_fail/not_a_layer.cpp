@@ -1,0 +1,15 @@
+// Must NOT compile: a type without backward() used as a layer. The first error must be xtrain's
+// one-line message naming the missing member (checked by tests/CMakeLists.txt).
+#include <xtrain/xtrain.hpp>
+
+struct OnlyForward {
+  xtrain::Matrix y;
+  const xtrain::Matrix& forward(xtrain::Context&, const xtrain::Matrix& x) { return x; }
+  template <class F>
+  void visit_params(const std::string&, F&&) {}
+};
+
+int main() {
+  auto model = xtrain::layers::Sequential{xtrain::layers::Linear{4, 2}, OnlyForward{}};
+  (void)model;
+}
