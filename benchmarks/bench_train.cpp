@@ -1,0 +1,89 @@
+// Google Benchmark: Linear forward+backward at the homework's and the wide model's shapes, the
+// GEMM alone, and one full training step (forward, loss, backward, Adam) of SimpleModel.
+//
+//   build/benchmarks/bench_train --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+#include <benchmark/benchmark.h>
+
+#include <xtrain/xtrain.hpp>
+
+namespace nn = xtrain::layers;
+using xtrain::Matrix;
+
+namespace {
+Matrix random_matrix(std::size_t rows, std::size_t cols, std::uint64_t seed) {
+  Matrix m({rows, cols});
+  xtrain::Generator g(seed, xtrain::streams::user);
+  for (float& v : m) v = g.uniform(-1.0f, 1.0f);
+  return m;
+}
+
+/// Linear forward + backward; `first` = no input gradient (as the model's first layer).
+void BM_LinearForwardBackward(benchmark::State& state) {
+  const auto batch = static_cast<std::size_t>(state.range(0)), in = static_cast<std::size_t>(state.range(1)),
+             out = static_cast<std::size_t>(state.range(2));
+  const bool first = state.range(3) != 0;
+  nn::Linear layer(in, out);
+  const Matrix x = random_matrix(batch, in, 1), dy = random_matrix(batch, out, 2);
+  xtrain::Context ctx;
+  ctx.input_grad = !first;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(layer.forward(ctx, x).data());
+    benchmark::DoNotOptimize(layer.backward(ctx, dy).data());
+  }
+  const double flops = 2.0 * batch * in * out * (first ? 2 : 3);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+  state.counters["samples/s"] =
+      benchmark::Counter(static_cast<double>(batch), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_LinearForwardBackward)
+    ->ArgNames({"batch", "in", "out", "first"})
+    ->Args({32, 784, 32, 1})
+    ->Args({256, 784, 32, 1})
+    ->Args({32, 784, 1024, 1})
+    ->Args({256, 784, 1024, 1})
+    ->Args({32, 32, 10, 0});
+
+/// C = A B^T (Linear's forward).
+void BM_Gemm(benchmark::State& state) {
+  using xtrain::kernels::Trans;
+  const auto m = static_cast<std::size_t>(state.range(0)), k = static_cast<std::size_t>(state.range(1)),
+             n = static_cast<std::size_t>(state.range(2));
+  const Matrix a = random_matrix(m, k, 1), b = random_matrix(n, k, 2);
+  Matrix c({m, n});
+  for (auto _ : state) {
+    xtrain::kernels::gemm(Trans::no, Trans::yes, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n);
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * m * n * k, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_Gemm)->ArgNames({"M", "K", "N"})->Args({32, 784, 32})->Args({256, 784, 1024})->Args({1024, 1024, 1024});
+
+/// One optimizer step of a Sequential MLP: forward, cross-entropy, backward, Adam.
+void BM_TrainStep(benchmark::State& state) {
+  const auto batch = static_cast<std::size_t>(state.range(0)), hidden = static_cast<std::size_t>(state.range(1));
+  const bool batch_norm = state.range(2) != 0;
+  const Matrix x = random_matrix(batch, 784, 3);
+  std::vector<std::int32_t> y(batch);
+  for (std::size_t i = 0; i < batch; ++i) y[i] = static_cast<std::int32_t>(i % 10);
+  auto run = [&](auto model) {
+    xtrain::Trainer trainer{std::move(model), xtrain::optim::Adam{}, xtrain::TrainerOptions{}.verbose(false)};
+    for (auto _ : state) benchmark::DoNotOptimize(trainer.train_step(x, y, 0, batch).loss);
+  };
+  if (batch_norm)
+    run(nn::Sequential{nn::Linear{784, hidden}, nn::BatchNorm1d{hidden}, nn::ReLU{}, nn::Linear{hidden, 10}});
+  else
+    run(nn::Sequential{nn::Linear{784, hidden}, nn::ReLU{}, nn::Linear{hidden, 10}});
+  state.counters["samples/s"] =
+      benchmark::Counter(static_cast<double>(batch), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_TrainStep)
+    ->ArgNames({"batch", "hidden", "bn"})
+    ->Args({32, 32, 1})  // the homework's SimpleModel
+    ->Args({256, 32, 1})
+    ->Args({256, 1024, 0})  // the wide model 784-1024-10
+    ->Unit(benchmark::kMicrosecond);
+}  // namespace
+
+BENCHMARK_MAIN();
