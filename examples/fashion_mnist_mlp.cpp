@@ -1,9 +1,11 @@
 // The homework's SimpleModel (Linear -> BatchNorm1d -> activation -> Linear) trained on
-// Fashion-MNIST (or any folder in the homework's .npy layout) with Adam and cross-entropy.
+// Fashion-MNIST (or any folder in the homework's .npy layout) with Adam and cross-entropy, on one
+// process or data-parallel under mpirun/srun.
 //
 //   build/examples/fashion_mnist_mlp --epochs 10 --batch 32 --hidden 32 --activation relu
+//   mpirun -np 2 build/examples/fashion_mnist_mlp --global-batch 64
 //
-// Prints the homework's lines: one per epoch, then the final accuracies and the total time.
+// Rank 0 prints the homework's lines: one per epoch, then the final accuracies and the total time.
 
 #include <chrono>
 #include <cstdio>
@@ -12,6 +14,7 @@
 #include <string>
 #include <string_view>
 
+#include <xtrain/parallel/mpi.hpp>
 #include <xtrain/xtrain.hpp>
 
 namespace {
@@ -22,19 +25,28 @@ struct Flags {
   std::string activation = "relu";
   float lr = 1e-3f;
   std::uint64_t seed = 42;
+  std::size_t global_batch = 0, accumulate = 1;
+  bool scale_lr = false, sync_bn = false;
+  double clip_norm = 0.0;
 };
 
 constexpr const char* usage =
-    "usage: fashion_mnist_mlp [--data DIR] [--epochs N] [--batch N] [--hidden N]\n"
-    "                         [--activation relu|tanh|sigmoid|gelu|gelu_tanh] [--lr X] [--seed N]\n"
+    "usage: [mpirun -np P] fashion_mnist_mlp [--data DIR] [--epochs N] [--batch N | --global-batch N]\n"
+    "           [--hidden N] [--activation relu|tanh|sigmoid|gelu|gelu_tanh] [--lr X] [--seed N]\n"
+    "           [--scale-lr] [--sync-bn] [--accumulate K] [--clip-norm X]\n"
     "  --data DIR        Fashion-MNIST IDX folder, or a folder with train_x.npy, train_y.npy,\n"
     "                    test_x.npy, test_y.npy (default /usr/share/datasets/fashion-mnist)\n"
     "  --epochs N        passes over the training set (default 10)\n"
-    "  --batch N         samples per optimizer step (default 32)\n"
+    "  --batch N         samples per step on EACH process (default 32; global batch = N x P)\n"
+    "  --global-batch N  samples per step over ALL processes (same training on any P)\n"
     "  --hidden N        width of the hidden layer (default 32)\n"
     "  --activation A    hidden activation (default relu)\n"
     "  --lr X            Adam learning rate (default 1e-3)\n"
-    "  --seed N          seed of initialisation, data order and dropout (default 42)\n";
+    "  --seed N          seed of initialisation, data order and dropout (default 42)\n"
+    "  --scale-lr        multiply the learning rate by P (linear scaling rule)\n"
+    "  --sync-bn         BatchNorm statistics over all processes (SyncBatchNorm)\n"
+    "  --accumulate K    micro-batches per optimizer step (default 1)\n"
+    "  --clip-norm X     clip the global gradient norm to X (default off)\n";
 
 [[noreturn]] void fail_usage(const std::string& message) {
   std::fprintf(stderr, "error: %s\n%s", message.c_str(), usage);
@@ -56,6 +68,10 @@ Flags parse(int argc, char** argv) {
     if (arg == "--help" || arg == "-h") {
       std::fputs(usage, stdout);
       std::exit(0);
+    }
+    if (arg == "--scale-lr" || arg == "--sync-bn") {
+      (arg == "--scale-lr" ? f.scale_lr : f.sync_bn) = true;
+      continue;
     }
     if (i + 1 >= argc) fail_usage(std::string("unknown or incomplete option '") + argv[i] + "'");
     const char* value = argv[++i];
@@ -85,30 +101,56 @@ Flags parse(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) try {
-  namespace nn = xtrain::layers;
-  const Flags flags = parse(argc, argv);
-  const auto activation = nn::activation_kind(flags.activation);
+int main(int argc, char** argv) {
+  xtrain::parallel::MpiEnvironment env{argc, argv};
+  return env.run([&] {
+    namespace nn = xtrain::layers;
+    const Flags flags = parse(argc, argv);
+    const auto activation = nn::activation_kind(flags.activation);
+    xtrain::parallel::MpiAllReduce comm;
+    const bool main_process = comm.rank() == 0;
+    const std::size_t ranks = comm.size();
 
-  const auto [train, test] = xtrain::data::load_folder(flags.data);
-  xtrain::set_seed(flags.seed);
-  auto model = nn::Sequential{nn::Linear{train.feature_count(), flags.hidden}, nn::BatchNorm1d{flags.hidden},
-                              nn::Activation{activation}, nn::Linear{flags.hidden, train.num_classes()}};
-  std::printf("xtrain %s | data %s: %zu train, %zu test, %zu features, %zu classes\n", xtrain::version_string,
-              flags.data.c_str(), train.size(), test.size(), train.feature_count(), train.num_classes());
-  std::printf("%s\n", model.describe().c_str());
-  std::printf("Adam lr %g | batch %zu | %zu epochs | seed %llu | fp32 GEMM: %s\n", flags.lr, flags.batch, flags.epochs,
-              static_cast<unsigned long long>(flags.seed), xtrain::simd::arch_name());
-
-  xtrain::Trainer trainer{std::move(model), xtrain::optim::Adam{}.lr(flags.lr),
-                          xtrain::TrainerOptions{}.batch_size(flags.batch).epochs(flags.epochs).seed(flags.seed)};
-  const xtrain::History history = trainer.fit(train, test);
-  const auto& last = history.epochs.back();
-  std::printf("Final Train Accuracy: %.2f%%\n", last.train.accuracy);
-  std::printf("Final Test Accuracy: %.2f%%\n", last.test.accuracy);
-  std::printf("Total Training Time: %.2f seconds\n", history.seconds);
-  return 0;
-} catch (const std::exception& e) {
-  std::fprintf(stderr, "error: %s\n", e.what());
-  return 1;
+    const auto [train, test] = xtrain::data::load_folder(flags.data);
+    xtrain::set_seed(flags.seed);
+    auto model = nn::Sequential{nn::Linear{train.feature_count(), flags.hidden},
+                                nn::BatchNorm1d{flags.hidden}.sync_stats(flags.sync_bn), nn::Activation{activation},
+                                nn::Linear{flags.hidden, train.num_classes()}};
+    const auto options = xtrain::TrainerOptions{}
+                             .batch_size(flags.batch)
+                             .global_batch_size(flags.global_batch)
+                             .epochs(flags.epochs)
+                             .seed(flags.seed)
+                             .scale_lr(flags.scale_lr)
+                             .accumulate(flags.accumulate)
+                             .clip_grad_norm(flags.clip_norm);
+    if (main_process) {
+      std::printf("xtrain %s | data %s: %zu train, %zu test, %zu features, %zu classes\n", xtrain::version_string,
+                  flags.data.c_str(), train.size(), test.size(), train.feature_count(), train.num_classes());
+      std::printf("%s\n", model.describe().c_str());
+    }
+    xtrain::Trainer<decltype(model), xtrain::optim::Adam, xtrain::FullPrecision, xtrain::parallel::MpiAllReduce>
+        trainer{std::move(model), xtrain::optim::Adam{}.lr(flags.lr), options, std::move(comm)};
+    if (main_process)
+      std::printf(
+          "Adam lr %g%s | %zu process%s (launcher: %s) | global batch %zu%s | %zu epochs | seed %llu | "
+          "fp32 GEMM: %s\n",
+          flags.lr * (flags.scale_lr ? static_cast<float>(ranks) : 1.0f), flags.scale_lr ? " (scaled)" : "", ranks,
+          ranks == 1 ? "" : "es", xtrain::parallel::launch_info().launcher, trainer.global_batch_size(),
+          flags.accumulate > 1 ? (" x " + std::to_string(flags.accumulate) + " accumulated").c_str() : "", flags.epochs,
+          static_cast<unsigned long long>(flags.seed), xtrain::simd::arch_name());
+    const xtrain::History history = trainer.fit(train, test);
+    if (main_process) {
+      const auto& last = history.epochs.back();
+      std::printf("Final Train Accuracy: %.2f%%\n", last.train.accuracy);
+      std::printf("Final Test Accuracy: %.2f%%\n", last.test.accuracy);
+      std::printf("Total Training Time: %.2f seconds\n", history.seconds);
+      if (ranks > 1)
+        std::printf(
+            "Gradient communication (last epoch): %zu bucket%s, %.3f s waiting, %.3f s overlapped with backward\n",
+            trainer.bucket_count(), trainer.bucket_count() == 1 ? "" : "s", last.comm_wait_seconds,
+            last.comm_overlap_seconds);
+    }
+    return 0;
+  });
 }

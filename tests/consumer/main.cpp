@@ -14,7 +14,8 @@ int main() {
     y[i] = x(i, 0) > 0 ? 1 : 0;
   }
   xtrain::data::TensorDataset data(x, y, 2, "synthetic");
-  xtrain::Trainer trainer{nn::Sequential{nn::Linear{4, 8}, nn::ReLU{}, nn::Linear{8, 2}}, xtrain::optim::Adam{}.lr(0.05f),
+  xtrain::Trainer trainer{nn::Sequential{nn::Linear{4, 8}, nn::ReLU{}, nn::Linear{8, 2}},
+                          xtrain::optim::Adam{}.lr(0.05f),
                           xtrain::TrainerOptions{}.epochs(30).batch_size(16).verbose(false)};
   const auto history = trainer.fit(data, data);
   std::printf("consumer: xtrain %s, accuracy %.1f%%\n", xtrain::version_string, history.epochs.back().test.accuracy);

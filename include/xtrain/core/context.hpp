@@ -7,6 +7,10 @@
 
 namespace xtrain {
 
+namespace parallel {
+struct Collectives;
+}
+
 /// Passed to every forward and backward call.
 struct Context {
   bool training = true;           ///< train mode (BatchNorm batch stats, Dropout active)
@@ -19,6 +23,8 @@ struct Context {
   /// (the hook gradient buckets use to start communication early). May be null.
   void (*grads_ready)(void* user, std::size_t layer) = nullptr;
   void* grads_ready_user = nullptr;
+  /// Cross-rank sums for layers that need them (SyncBatchNorm); null on one process.
+  parallel::Collectives* collectives = nullptr;
 };
 
 }  // namespace xtrain

@@ -27,8 +27,8 @@ class Loader {
  public:
   /// `global_batch` samples per step over all ranks; this rank gets its shard of each.
   Loader(const D& dataset, std::size_t global_batch, std::uint64_t seed, bool shuffle = true, bool drop_last = false,
-         std::size_t rank = 0, std::size_t world = 1)
-      : data_(&dataset), sampler_(dataset.size(), global_batch, seed, shuffle, drop_last, rank, world) {}
+         std::size_t rank = 0, std::size_t world = 1, std::size_t chunk = 0)
+      : data_(&dataset), sampler_(dataset.size(), global_batch, seed, shuffle, drop_last, rank, world, chunk) {}
 
   void set_epoch(std::uint64_t epoch) { sampler_.set_epoch(epoch); }
   std::size_t batches() const noexcept { return sampler_.batches(); }

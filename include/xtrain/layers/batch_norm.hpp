@@ -15,6 +15,7 @@
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/tensor.hpp"
+#include "xtrain/parallel/communicator.hpp"
 
 namespace xtrain::layers {
 
@@ -41,6 +42,15 @@ class BatchNorm1d {
     momentum_ = m;
     return *this;
   }
+  /// Batch statistics over all ranks' rows instead of this rank's (PyTorch's SyncBatchNorm): the
+  /// result is the same on any number of ranks, at the cost of two small allreduces per forward
+  /// and one per backward. Without a communicator (one process) it changes nothing.
+  BatchNorm1d& sync_stats(bool on) {
+    sync_ = on;
+    return *this;
+  }
+  bool sync_stats() const noexcept { return sync_; }
+
   /// Added to the variance; Requires eps > 0.
   BatchNorm1d& eps(float e) {
     XTRAIN_CHECK(e > 0.0f, ValueError, describe(), ": eps ", e, " must be positive");
@@ -56,26 +66,34 @@ class BatchNorm1d {
     ensure_shape(y_, n, c);
     training_ = ctx.training;
     if (ctx.training) {
-      XTRAIN_CHECK(n > 1, ValueError, describe(),
-                   ": expected more than 1 value per channel when training, got input of shape ",
-                   shape_string(shape_of(x)), " (use a batch of 2 or more, or drop_last)");
-      std::vector<double>& sum = scratch_;
-      sum.assign(2 * c, 0.0);
+      // Statistics over this rank's rows, or over all ranks' rows (SyncBatchNorm).
+      parallel::Collectives* sync = sync_ ? ctx.collectives : nullptr;
+      std::vector<double>& sum = scratch_;  // [sum x (c)] [count] [sum (x - mean)^2 (c)]
+      sum.assign(2 * c + 1, 0.0);
       const float* px = x.data();
       for (std::size_t r = 0; r < n; ++r)
         for (std::size_t j = 0; j < c; ++j) sum[j] += px[r * c + j];
-      for (std::size_t j = 0; j < c; ++j) mean_[j] = static_cast<float>(sum[j] / n);
+      sum[c] = static_cast<double>(n);
+      if (sync) sync->allreduce_sum(std::span<double>(sum.data(), c + 1), "SyncBatchNorm mean");
+      const double total = sum[c];
+      XTRAIN_CHECK(total > 1, ValueError, describe(),
+                   ": expected more than 1 value per channel when training, got input of shape ",
+                   shape_string(shape_of(x)), " (use a batch of 2 or more, or drop_last)");
+      for (std::size_t j = 0; j < c; ++j) mean_[j] = static_cast<float>(sum[j] / total);
+      double* ssd = sum.data() + c + 1;
       for (std::size_t r = 0; r < n; ++r)
         for (std::size_t j = 0; j < c; ++j) {
           const double d = static_cast<double>(px[r * c + j]) - mean_[j];
-          sum[c + j] += d * d;
+          ssd[j] += d * d;
         }
+      if (sync) sync->allreduce_sum(std::span<double>(ssd, c), "SyncBatchNorm variance");
       for (std::size_t j = 0; j < c; ++j) {
-        const double var = sum[c + j] / n;
-        invstd_[j] = static_cast<float>(1.0 / std::sqrt(var + eps_));
+        invstd_[j] = static_cast<float>(1.0 / std::sqrt(ssd[j] / total + eps_));
         running_mean_[j] = (1.0f - momentum_) * running_mean_[j] + momentum_ * mean_[j];
-        running_var_[j] = (1.0f - momentum_) * running_var_[j] + momentum_ * static_cast<float>(sum[c + j] / (n - 1));
+        running_var_[j] = (1.0f - momentum_) * running_var_[j] + momentum_ * static_cast<float>(ssd[j] / (total - 1));
       }
+      count_ = total;
+      synced_ = sync != nullptr;
       ++num_batches_tracked_;
     } else {
       for (std::size_t j = 0; j < c; ++j) {
@@ -113,7 +131,7 @@ class BatchNorm1d {
       }
     float* gw = weight_.grad();
     float* gb = bias_.grad();
-    for (std::size_t j = 0; j < c; ++j) {
+    for (std::size_t j = 0; j < c; ++j) {  // this rank's share: the gradient reduction sums the ranks
       gw[j] += static_cast<float>(sum[c + j]);
       gb[j] += static_cast<float>(sum[j]);
     }
@@ -125,10 +143,12 @@ class BatchNorm1d {
     const float* g = weight_.data();
     float* pdx = dx_.data();
     if (training_) {
-      // dx = gamma * invstd * (dy - mean(dy) - xhat * mean(dy * xhat))
+      // dx = gamma * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)), means over the rows the
+      // statistics came from (all ranks' for SyncBatchNorm).
+      if (synced_ && ctx.collectives) ctx.collectives->allreduce_sum(sum, "SyncBatchNorm backward");
       for (std::size_t j = 0; j < c; ++j) {
-        mean_dy_[j] = static_cast<float>(sum[j] / n);
-        mean_dy_xhat_[j] = static_cast<float>(sum[c + j] / n);
+        mean_dy_[j] = static_cast<float>(sum[j] / count_);
+        mean_dy_xhat_[j] = static_cast<float>(sum[c + j] / count_);
       }
       for (std::size_t r = 0; r < n; ++r)
         for (std::size_t j = 0; j < c; ++j)
@@ -159,7 +179,7 @@ class BatchNorm1d {
   std::span<const float> running_var() const noexcept { return running_var_; }
   std::int64_t num_batches_tracked() const noexcept { return num_batches_tracked_; }
   std::size_t features() const noexcept { return features_; }
-  std::string describe() const { return "BatchNorm1d(" + std::to_string(features_) + ")"; }
+  std::string describe() const { return (sync_ ? "SyncBatchNorm(" : "BatchNorm1d(") + std::to_string(features_) + ")"; }
 
  private:
   std::size_t features_;
@@ -169,8 +189,14 @@ class BatchNorm1d {
   std::int64_t num_batches_tracked_ = 0;
   std::vector<float> mean_, invstd_, mean_dy_, mean_dy_xhat_;
   std::vector<double> scratch_;
-  bool training_ = true;
+  bool training_ = true, sync_ = false, synced_ = false;
+  double count_ = 0.0;  // rows the last training statistics came from
   Matrix xhat_, y_, dx_;
+};
+
+/// BatchNorm1d with statistics over all ranks (PyTorch's SyncBatchNorm).
+struct SyncBatchNorm : BatchNorm1d {
+  explicit SyncBatchNorm(std::size_t features) : BatchNorm1d(features) { sync_stats(true); }
 };
 
 }  // namespace xtrain::layers

@@ -27,16 +27,19 @@ struct Shard {
 
 class GlobalSampler {
  public:
-  /// Requires global_batch > 0 and 0 <= rank < world.
+  /// Requires global_batch > 0 and 0 <= rank < world. `chunk` > 0 splits every global batch into
+  /// whole chunks of that many positions, each rank taking global_batch / chunk / world of them
+  /// (the deterministic reduction's layout); 0 splits as evenly as possible.
   GlobalSampler(std::size_t dataset_size, std::size_t global_batch, std::uint64_t seed, bool shuffle = true,
-                bool drop_last = false, std::size_t rank = 0, std::size_t world = 1)
+                bool drop_last = false, std::size_t rank = 0, std::size_t world = 1, std::size_t chunk = 0)
       : n_(dataset_size),
         batch_(global_batch),
         seed_(seed),
         shuffle_(shuffle),
         drop_last_(drop_last),
         rank_(rank),
-        world_(world) {
+        world_(world),
+        chunk_(chunk) {
     XTRAIN_CHECK(global_batch > 0, ValueError, "GlobalSampler: the batch size must be positive");
     XTRAIN_CHECK(world > 0 && rank < world, ValueError, "GlobalSampler: rank ", rank, " is outside [0, ", world, ")");
     XTRAIN_CHECK(global_batch >= world, ValueError, "GlobalSampler: global batch ", global_batch,
@@ -62,6 +65,11 @@ class GlobalSampler {
   Shard shard(std::size_t k) const {
     XTRAIN_CHECK(k < batches(), ValueError, "GlobalSampler: batch ", k, " of an epoch of ", batches());
     const std::size_t begin = k * batch_, count = std::min(batch_, n_ - begin);
+    if (chunk_ > 0) {
+      const std::size_t per_rank = batch_ / chunk_ / world_ * chunk_;
+      const std::size_t offset = std::min(rank_ * per_rank, count), mine = std::min(per_rank, count - offset);
+      return {std::span<const std::uint32_t>(perm_).subspan(begin + offset, mine), offset, count};
+    }
     const std::size_t base = count / world_, extra = count % world_;
     const std::size_t offset = rank_ * base + std::min(rank_, extra);
     const std::size_t mine = base + (rank_ < extra ? 1 : 0);
@@ -77,7 +85,7 @@ class GlobalSampler {
   std::size_t n_, batch_;
   std::uint64_t seed_;
   bool shuffle_, drop_last_;
-  std::size_t rank_, world_;
+  std::size_t rank_, world_, chunk_;
   std::uint64_t epoch_ = 0;
   std::vector<std::uint32_t> perm_;
 };

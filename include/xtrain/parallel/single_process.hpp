@@ -2,22 +2,32 @@
 /// \file single_process.hpp
 /// The communicator of a run without data parallelism: rank 0 of 1, every collective a no-op.
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
+#include <string>
 
 namespace xtrain::parallel {
 
 struct SingleProcess {
+  /// A completed request.
+  struct Request {};
+
   static constexpr const char* name = "single process";
   std::size_t rank() const noexcept { return 0; }
   std::size_t size() const noexcept { return 1; }
-  bool is_main_process() const noexcept { return true; }
-  /// Sums `values` over ranks in place (here: unchanged).
-  void allreduce_sum(std::span<float>) noexcept {}
-  void allreduce_sum(std::span<double>) noexcept {}
-  /// Copies rank 0's `values` to every rank (here: unchanged).
-  void broadcast(std::span<float>) noexcept {}
-  void barrier() noexcept {}
+  void allreduce_sum(std::span<float>, const char*) noexcept {}
+  void allreduce_sum(std::span<double>, const char*) noexcept {}
+  void broadcast(std::span<float>, const char*) noexcept {}
+  void broadcast(std::span<double>, const char*) noexcept {}
+  void broadcast(std::string&, const char*) noexcept {}
+  void allgather(std::span<const float> mine, std::span<float> all, const char*) noexcept {
+    std::copy(mine.begin(), mine.end(), all.begin());
+  }
+  void barrier(const char*) noexcept {}
+  Request iallreduce_sum(std::span<float>, const char*) noexcept { return {}; }
+  bool test(Request&) noexcept { return true; }
+  void wait(Request&) noexcept {}
 };
 
 }  // namespace xtrain::parallel

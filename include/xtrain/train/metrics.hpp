@@ -31,6 +31,8 @@ struct EpochMetrics {
   EvalResult test;       ///< after the epoch, in eval mode
   double seconds = 0.0;  ///< training time of the epoch (evaluation excluded)
   double samples_per_second = 0.0;
+  double comm_wait_seconds = 0.0;     ///< blocked waiting for gradient reductions (exposed)
+  double comm_overlap_seconds = 0.0;  ///< reductions in flight while backward still ran
 };
 
 /// Everything fit() measured.

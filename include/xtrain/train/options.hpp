@@ -49,6 +49,48 @@ class TrainerOptions {
     schedule_ = v;
     return *this;
   }
+  /// Samples per optimizer step over ALL processes; overrides batch_size: training is then the
+  /// same on any number of ranks (each takes global / ranks). 0 (default): batch_size per process.
+  TrainerOptions& global_batch_size(std::size_t v) {
+    global_batch_size_ = v;
+    return *this;
+  }
+  /// Multiply the learning rate by the number of processes (the linear scaling rule). Default false.
+  TrainerOptions& scale_lr(bool v) {
+    scale_lr_ = v;
+    return *this;
+  }
+  /// Micro-batches per optimizer step; no communication on the first k-1. Default 1.
+  TrainerOptions& accumulate(std::size_t k) {
+    XTRAIN_CHECK(k > 0, ValueError, "TrainerOptions: accumulate must be at least 1");
+    accumulate_ = k;
+    return *this;
+  }
+  /// Clip the global gradient norm (after the reduction) to this. 0 (default): off.
+  TrainerOptions& clip_grad_norm(double v) {
+    XTRAIN_CHECK(v >= 0.0, ValueError, "TrainerOptions: clip_grad_norm ", v, " must be >= 0");
+    clip_norm_ = v;
+    return *this;
+  }
+  /// Clamp every gradient (after the reduction) to +-this. 0 (default): off.
+  TrainerOptions& clip_grad_value(float v) {
+    XTRAIN_CHECK(v >= 0.0f, ValueError, "TrainerOptions: clip_grad_value ", v, " must be >= 0");
+    clip_value_ = v;
+    return *this;
+  }
+  /// Gradient bucket size in bytes (DDP's bucket_cap_mb). Default 25 MiB.
+  TrainerOptions& bucket_bytes(std::size_t v) {
+    XTRAIN_CHECK(v > 0, ValueError, "TrainerOptions: bucket_bytes must be positive");
+    bucket_bytes_ = v;
+    return *this;
+  }
+  /// Rank-count-invariant reduction: gradients are summed per `chunk` samples of the global batch
+  /// and combined in a fixed tree, so 1, 2 or 4 ranks give bitwise identical parameters. Requires
+  /// a power-of-two rank count and global batch / chunk. 0 (default): off.
+  TrainerOptions& deterministic(std::size_t chunk) {
+    deterministic_chunk_ = chunk;
+    return *this;
+  }
   /// Print one line per epoch (and a progress bar on a terminal). Default true.
   TrainerOptions& verbose(bool v) {
     verbose_ = v;
@@ -63,9 +105,20 @@ class TrainerOptions {
   std::size_t eval_batch_size() const noexcept { return eval_batch_size_; }
   const optim::LrSchedule& schedule() const noexcept { return schedule_; }
   bool verbose() const noexcept { return verbose_; }
+  std::size_t global_batch_size() const noexcept { return global_batch_size_; }
+  bool scale_lr() const noexcept { return scale_lr_; }
+  std::size_t accumulate() const noexcept { return accumulate_; }
+  double clip_grad_norm() const noexcept { return clip_norm_; }
+  float clip_grad_value() const noexcept { return clip_value_; }
+  std::size_t bucket_bytes() const noexcept { return bucket_bytes_; }
+  std::size_t deterministic() const noexcept { return deterministic_chunk_; }
 
  private:
   std::size_t batch_size_ = 32, epochs_ = 10, eval_batch_size_ = 1024;
+  std::size_t global_batch_size_ = 0, accumulate_ = 1, bucket_bytes_ = 25u << 20, deterministic_chunk_ = 0;
+  bool scale_lr_ = false;
+  double clip_norm_ = 0.0;
+  float clip_value_ = 0.0f;
   std::uint64_t seed_ = 42;
   bool shuffle_ = true, drop_last_ = false, verbose_ = true;
   optim::LrSchedule schedule_ = optim::LrSchedule::constant();

@@ -1,11 +1,14 @@
 #pragma once
 /// \file progress.hpp
 /// Progress within an epoch: a bar with samples/s and ETA that redraws in place on a terminal,
-/// nothing on a pipe or file (where only the per-epoch lines are printed).
+/// nothing on a pipe or file (where only the per-epoch lines are printed). Under a launcher
+/// (mpirun, srun) stdout is the launcher's pty, not the user's terminal, so the bar is off there
+/// too. XTRAIN_PROGRESS=1 forces it on, XTRAIN_PROGRESS=0 off.
 
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include <unistd.h>
@@ -15,7 +18,7 @@ namespace xtrain::train {
 class ProgressBar {
  public:
   /// Draws only when `enabled` and stdout is a terminal.
-  explicit ProgressBar(bool enabled) : active_(enabled && ::isatty(STDOUT_FILENO)) {}
+  explicit ProgressBar(bool enabled) : active_(enabled && wanted()) {}
 
   bool active() const noexcept { return active_; }
 
@@ -44,6 +47,13 @@ class ProgressBar {
   }
 
  private:
+  static bool wanted() {
+    if (const char* force = std::getenv("XTRAIN_PROGRESS")) return std::string(force) != "0";
+    for (const char* launcher : {"OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "PMI_RANK"})
+      if (std::getenv(launcher)) return false;
+    return ::isatty(STDOUT_FILENO);
+  }
+
   bool active_;
   std::chrono::steady_clock::time_point last_{};
 };

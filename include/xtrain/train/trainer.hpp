@@ -1,8 +1,8 @@
 #pragma once
 /// \file trainer.hpp
 /// Trainer<Model, Optimizer, Precision, Communicator, Backend>: the training loop of a
-/// classification model with cross-entropy loss. Policies are template parameters; everything
-/// else (sizes, options, callbacks) is a run-time value.
+/// classification model with cross-entropy loss, on one process or data-parallel over ranks.
+/// Policies are template parameters; sizes, options and callbacks are run-time values.
 
 #include <chrono>
 #include <cstdint>
@@ -13,14 +13,13 @@
 
 #include "xtrain/backend/cpu.hpp"
 #include "xtrain/core/concepts.hpp"
-#include "xtrain/core/context.hpp"
-#include "xtrain/core/param_arena.hpp"
 #include "xtrain/data/dataset.hpp"
 #include "xtrain/data/loader.hpp"
-#include "xtrain/loss/cross_entropy.hpp"
+#include "xtrain/parallel/communicator.hpp"
 #include "xtrain/parallel/single_process.hpp"
 #include "xtrain/precision/policy.hpp"
 #include "xtrain/train/callbacks.hpp"
+#include "xtrain/train/engine.hpp"
 #include "xtrain/train/metrics.hpp"
 #include "xtrain/train/options.hpp"
 #include "xtrain/train/progress.hpp"
@@ -34,38 +33,42 @@ class Trainer {
   static_assert(check_optimizer<Optimizer>());
   static_assert(Precision<PrecisionPolicy>,
                 "xtrain: the third Trainer parameter is not a Precision policy (FullPrecision, ...)");
+  static_assert(parallel::Communicator<Communicator>,
+                "xtrain: the fourth Trainer parameter is not a Communicator (SingleProcess, "
+                "parallel::ThreadAllReduce, parallel::MpiAllReduce)");
 
  public:
   using model_type = Model;
   using optimizer_type = Optimizer;
 
-  /// Takes the model, moves its parameters into one flat arena and initialises the optimizer state.
+  /// Takes the model and moves its parameters into one flat arena. On several ranks this is a
+  /// collective: every rank must construct its Trainer; rank 0's initial parameters win.
   Trainer(Model model, Optimizer optimizer, TrainerOptions options = {}, Communicator communicator = {})
-      : model_(std::move(model)),
-        optimizer_(std::move(optimizer)),
-        options_(std::move(options)),
-        comm_(std::move(communicator)),
-        arena_(model_),
-        state_(optimizer_.init(arena_.size())) {}
+      : options_(std::move(options)),
+        world_(communicator.size()),
+        engine_(std::move(model), std::move(optimizer), std::move(communicator), engine_options(options_, world_)) {}
 
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
+
+  /// Samples per optimizer micro-step over all ranks.
+  std::size_t global_batch_size() const noexcept { return global_batch(options_, world_); }
 
   /// Trains for options().epochs() epochs, evaluating on `test` after each; returns the metrics.
   template <data::Dataset Train, data::Dataset Test, class... Callbacks>
   History fit(const Train& train, const Test& test, Callbacks&&... callbacks) {
     stop_requested_ = false;
-    const std::size_t global_batch = options_.batch_size() * comm_.size();
-    data::Loader<Train> loader(train, global_batch, options_.seed(), options_.shuffle(), options_.drop_last(),
-                               comm_.rank(), comm_.size());
+    data::Loader<Train> loader(train, global_batch_size(), options_.seed(), options_.shuffle(), options_.drop_last(),
+                               rank(), world_, options_.deterministic());
     History history;
     const auto fit_start = clock::now();
     (callbacks::on_train_begin(callbacks, *this), ...);
     const std::size_t epochs = options_.epochs();
     while (epoch_ < epochs && !stop_requested_) {
-      std::size_t epoch = epoch_ + 1;
+      const std::size_t epoch = epoch_ + 1;
       (callbacks::on_epoch_begin(callbacks, *this, epoch), ...);
       loader.set_epoch(epoch_);
+      engine_.reset_comm_stats();
       train::ProgressBar bar(options_.verbose() && is_main_process());
       const std::string label = "Epoch [" + std::to_string(epoch) + "/" + std::to_string(epochs) + "]";
       double sums[3] = {0.0, 0.0, 0.0};  // loss sum, correct, samples (this rank)
@@ -73,20 +76,24 @@ class Trainer {
       const std::size_t batches = loader.batches();
       for (std::size_t k = 0; k < batches; ++k) {
         const data::Batch batch = loader.batch(k);
-        [[maybe_unused]] StepResult r = train_step(batch.x, batch.y, batch.global_offset, batch.global_count);
-        sums[0] += loss_.sum();
-        sums[1] += static_cast<double>(loss_.correct());
+        const std::uint64_t before = engine_.step();
+        StepResult r = engine_.micro_step(batch.x, batch.y, batch.global_offset, batch.global_count, k + 1 == batches);
+        sums[0] += engine_.last_loss_sum();
+        sums[1] += static_cast<double>(engine_.last_correct());
         sums[2] += static_cast<double>(batch.y.size());
-        (callbacks::on_step_end(callbacks, *this, r), ...);
+        if (engine_.step() != before) (callbacks::on_step_end(callbacks, *this, r), ...);
         if (bar.active()) {
           const double s = seconds_since(start);
-          bar.update(label, k + 1, batches, sums[2] * static_cast<double>(comm_.size()) / s, s);
+          bar.update(label, k + 1, batches, static_cast<double>((k + 1) * global_batch_size()) / s, s);
         }
       }
       EpochMetrics m;
       m.seconds = seconds_since(start);
       bar.clear();
-      comm_.allreduce_sum(std::span<double>(sums));
+      const auto& stats = engine_.comm_stats();
+      m.comm_wait_seconds = stats.waiting_seconds;
+      m.comm_overlap_seconds = stats.overlap_seconds;
+      communicator().allreduce_sum(std::span<double>(sums), "epoch training metrics");
       m.epoch = epoch;
       m.epochs = epochs;
       m.train = {sums[0] / sums[2], 100.0 * sums[1] / sums[2], static_cast<std::size_t>(sums[2])};
@@ -102,70 +109,79 @@ class Trainer {
     return history;
   }
 
-  /// Loss and accuracy over every sample of `data` (eval mode; each sample counted once).
+  /// Loss and accuracy over every sample of `data` (eval mode; each sample counted exactly once
+  /// over all ranks; rank 0's BatchNorm statistics are used on every rank).
   template <data::Dataset D>
   EvalResult evaluate(const D& data) {
-    data::Loader<D> loader(data, options_.eval_batch_size() * comm_.size(), 0, false, false, comm_.rank(),
-                           comm_.size());
-    Context ctx = context(false);
+    engine_.broadcast_buffers();
+    data::Loader<D> loader(data, options_.eval_batch_size() * world_, 0, false, false, rank(), world_);
+    Context ctx = engine_.context(false);
+    auto& loss = engine_.loss();
     double sums[3] = {0.0, 0.0, 0.0};
     for (std::size_t k = 0; k < loader.batches(); ++k) {
       const data::Batch batch = loader.batch(k);
-      loss_.forward(model_.forward(ctx, batch.x), batch.y);
-      sums[0] += loss_.sum();
-      sums[1] += static_cast<double>(loss_.correct());
+      if (batch.y.empty()) continue;
+      loss.forward(engine_.model().forward(ctx, batch.x), batch.y);
+      sums[0] += loss.sum();
+      sums[1] += static_cast<double>(loss.correct());
       sums[2] += static_cast<double>(batch.y.size());
     }
-    comm_.allreduce_sum(std::span<double>(sums));
+    communicator().allreduce_sum(std::span<double>(sums), "evaluation metrics");
     if (sums[2] == 0.0) return {};
     return {sums[0] / sums[2], 100.0 * sums[1] / sums[2], static_cast<std::size_t>(sums[2])};
   }
 
-  /// One optimizer step on this rank's rows `x`, `y` of a global batch of `global_count` samples
-  /// whose row 0 is sample `global_offset` of it. The loss is normalised by global_count.
+  /// One optimizer step (or micro-step when accumulating) on this rank's rows `x`, `y` of a global
+  /// batch of `global_count` samples whose row 0 is sample `global_offset` of it.
   StepResult train_step(const Matrix& x, std::span<const std::int32_t> y, std::size_t global_offset,
                         std::size_t global_count) {
-    Context ctx = context(true);
-    ctx.sample_offset = global_offset;
-    arena_.zero_grad();
-    const float loss = loss_.forward(model_.forward(ctx, x), y, static_cast<double>(global_count));
-    ctx.input_grad = false;  // nothing needs the gradient of the data
-    model_.backward(ctx, loss_.backward());
-    comm_.allreduce_sum(arena_.grads());
-    const float lr = options_.schedule().lr(optimizer_.learning_rate(), step_);
-    ++step_;
-    optimizer_.step(arena_.values(), arena_.grads(), state_, StepInfo{lr, step_});
-    return {step_, loss, lr, global_count};
+    return engine_.micro_step(x, y, global_offset, global_count);
   }
 
   /// Ends fit() after the current epoch (for callbacks).
   void request_stop() noexcept { stop_requested_ = true; }
 
-  Model& model() noexcept { return model_; }
-  const Optimizer& optimizer() const noexcept { return optimizer_; }
-  typename Optimizer::State& optimizer_state() noexcept { return state_; }
-  ParamArena& params() noexcept { return arena_; }
+  Model& model() noexcept { return engine_.model(); }
+  const Optimizer& optimizer() const noexcept { return engine_.optimizer(); }
+  typename Optimizer::State& optimizer_state() noexcept { return engine_.optimizer_state(); }
+  ParamArena& params() noexcept { return engine_.params(); }
   const TrainerOptions& options() const noexcept { return options_; }
-  Communicator& communicator() noexcept { return comm_; }
-  bool is_main_process() const noexcept { return comm_.rank() == 0; }
+  Communicator& communicator() noexcept { return engine_.communicator(); }
+  std::size_t rank() { return engine_.communicator().rank(); }
+  std::size_t world_size() const noexcept { return world_; }
+  bool is_main_process() { return rank() == 0; }
   /// Optimizer steps taken.
-  std::uint64_t step() const noexcept { return step_; }
+  std::uint64_t step() const noexcept { return engine_.step(); }
   /// Completed epochs.
   std::uint64_t epoch() const noexcept { return epoch_; }
+  /// Gradient buckets (1 for a model smaller than the bucket size).
+  std::size_t bucket_count() const noexcept { return engine_.bucket_count(); }
 
  private:
   using clock = std::chrono::steady_clock;
   static double seconds_since(clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); }
 
-  Context context(bool training) const {
-    Context ctx;
-    ctx.training = training;
-    ctx.seed = options_.seed();
-    ctx.step = step_;
-    return ctx;
+  static std::size_t global_batch(const TrainerOptions& o, std::size_t world) {
+    return o.global_batch_size() ? o.global_batch_size() : o.batch_size() * world;
   }
 
-  void print_epoch(const EpochMetrics& m) const {
+  static EngineOptions engine_options(const TrainerOptions& o, std::size_t world) {
+    EngineOptions e;
+    e.bucket_bytes = o.bucket_bytes();
+    e.accumulate = o.accumulate();
+    e.deterministic_chunk = o.deterministic();
+    e.global_batch = global_batch(o, world);
+    e.clip_norm = o.clip_grad_norm();
+    e.clip_value = o.clip_grad_value();
+    e.seed = o.seed();
+    e.lr_factor = o.scale_lr() ? static_cast<float>(world) : 1.0f;
+    e.schedule = o.schedule();
+    XTRAIN_CHECK(e.global_batch >= world, ValueError, "global batch ", e.global_batch, " is smaller than the ", world,
+                 " ranks: every rank needs at least one sample per step");
+    return e;
+  }
+
+  void print_epoch(const EpochMetrics& m) {
     if (!is_main_process()) return;
     std::printf(
         "Epoch [%zu/%zu], Train Loss: %.4f, Train Accuracy: %.2f%%, Test Loss: %.4f, Test Accuracy: %.2f%%, "
@@ -175,14 +191,10 @@ class Trainer {
     std::fflush(stdout);
   }
 
-  Model model_;
-  Optimizer optimizer_;
   TrainerOptions options_;
-  Communicator comm_;
-  ParamArena arena_;
-  typename Optimizer::State state_;
-  loss::CrossEntropyLoss loss_;
-  std::uint64_t step_ = 0, epoch_ = 0;
+  std::size_t world_;
+  Engine<Model, Optimizer, Communicator> engine_;
+  std::uint64_t epoch_ = 0;
   bool stop_requested_ = false;
 };
 

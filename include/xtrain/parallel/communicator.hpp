@@ -1,0 +1,55 @@
+#pragma once
+/// \file communicator.hpp
+/// The Communicator contract (a policy template parameter of the Trainer) and the type-erased
+/// view of it that layers needing collectives (SyncBatchNorm) receive through the Context.
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+#include <string>
+
+namespace xtrain::parallel {
+
+/// Communicator: rank()/size(); in-place sums over ranks of float and double spans; broadcast
+/// from rank 0 (spans and a string); allgather of equal-sized float blocks; barrier; and a
+/// non-blocking float sum (`iallreduce_sum` -> Request, `test`, `wait`) for gradient buckets.
+/// Every collective is named (the name appears in timeout and mismatch reports).
+template <class C>
+concept Communicator = requires(C& c, std::span<float> f, std::span<double> d, std::span<const float> cf,
+                                std::string& s, typename C::Request& r) {
+  { c.rank() } -> std::convertible_to<std::size_t>;
+  { c.size() } -> std::convertible_to<std::size_t>;
+  c.allreduce_sum(f, "name");
+  c.allreduce_sum(d, "name");
+  c.broadcast(f, "name");
+  c.broadcast(d, "name");
+  c.broadcast(s, "name");
+  c.allgather(cf, f, "name");
+  c.barrier("name");
+  { c.iallreduce_sum(f, "name") } -> std::same_as<typename C::Request>;
+  { c.test(r) } -> std::convertible_to<bool>;
+  c.wait(r);
+};
+
+/// What a layer may ask of the communicator during forward/backward (type-erased: layers are not
+/// templates on the communicator). Null in Context when running on one process.
+struct Collectives {
+  virtual ~Collectives() = default;
+  virtual std::size_t size() const = 0;
+  /// In-place sum over ranks.
+  virtual void allreduce_sum(std::span<double> values, const char* name) = 0;
+};
+
+/// Adapts any Communicator to Collectives.
+template <Communicator C>
+class CollectivesOf final : public Collectives {
+ public:
+  explicit CollectivesOf(C& comm) : comm_(&comm) {}
+  std::size_t size() const override { return comm_->size(); }
+  void allreduce_sum(std::span<double> values, const char* name) override { comm_->allreduce_sum(values, name); }
+
+ private:
+  C* comm_;
+};
+
+}  // namespace xtrain::parallel

@@ -1,0 +1,277 @@
+#pragma once
+/// \file engine.hpp
+/// The data-parallel engine under both the Trainer and the Accelerate-style API: the model, its
+/// flat parameter arena, the optimizer state, the communicator and the gradient buckets; one
+/// micro-step at a time (forward, loss, backward with bucketed non-blocking allreduce, and on the
+/// last micro-step of an accumulation window: wait, clip, optimizer step).
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "xtrain/core/concepts.hpp"
+#include "xtrain/core/context.hpp"
+#include "xtrain/core/param_arena.hpp"
+#include "xtrain/loss/cross_entropy.hpp"
+#include "xtrain/optim/clip.hpp"
+#include "xtrain/optim/schedule.hpp"
+#include "xtrain/parallel/buckets.hpp"
+#include "xtrain/parallel/communicator.hpp"
+#include "xtrain/parallel/tree_sum.hpp"
+#include "xtrain/train/metrics.hpp"
+
+namespace xtrain {
+
+/// How gradients are reduced and applied.
+struct EngineOptions {
+  std::size_t bucket_bytes = 25u << 20;  ///< gradient bucket size (DDP's default 25 MB)
+  std::size_t accumulate = 1;            ///< micro-steps per optimizer step
+  std::size_t deterministic_chunk = 0;   ///< > 0: rank-count-invariant reduction, chunks of this many samples
+  std::size_t global_batch = 0;          ///< samples per global step (needed by the deterministic mode)
+  double clip_norm = 0.0;                ///< > 0: clip the global gradient norm to this
+  float clip_value = 0.0f;               ///< > 0: clamp every gradient to +-this
+  std::uint64_t seed = 42;               ///< dropout streams
+  float lr_factor = 1.0f;                ///< multiplies the optimizer's lr (linear scaling rule)
+  optim::LrSchedule schedule = optim::LrSchedule::constant();
+};
+
+template <class Model, class Optimizer, parallel::Communicator Communicator>
+class Engine {
+ public:
+  /// Takes the model, moves its parameters into one arena, checks that every rank built the same
+  /// model (names and shapes), and broadcasts rank 0's parameters and buffers.
+  Engine(Model model, Optimizer optimizer, Communicator communicator, EngineOptions options)
+      : model_(std::move(model)),
+        optimizer_(std::move(optimizer)),
+        comm_(std::move(communicator)),
+        options_(std::move(options)),
+        arena_(model_),
+        state_(optimizer_.init(arena_.size())),
+        buckets_(arena_, options_.bucket_bytes),
+        collectives_(comm_) {
+    XTRAIN_CHECK(options_.accumulate > 0, ValueError, "accumulate must be at least 1");
+    if (options_.deterministic_chunk) check_deterministic_layout();
+    synchronize();
+  }
+
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// One micro-batch: this rank's rows `x`, `y` of a global batch of `global_count` samples whose
+  /// row 0 is sample `global_offset` of it. The loss is normalised by global_count * accumulate.
+  /// On the last micro-step of the window (or when `force_sync`) the gradients are reduced and
+  /// the optimizer steps. Returns the mean loss of this rank's rows scaled as the gradient is.
+  StepResult micro_step(const Matrix& x, std::span<const std::int32_t> y, std::size_t global_offset,
+                        std::size_t global_count, bool force_sync = false) {
+    const bool sync = force_sync || micro_ + 1 == options_.accumulate;
+    const double normalizer = static_cast<double>(global_count) * static_cast<double>(options_.accumulate);
+    if (micro_ == 0 && !options_.deterministic_chunk) arena_.zero_grad();
+    loss_sum_ = 0.0;
+    correct_ = 0;
+    float loss = 0.0f;
+    if (options_.deterministic_chunk)
+      loss = deterministic_micro_step(x, y, global_offset, normalizer);
+    else
+      loss = plain_micro_step(x, y, global_offset, normalizer, sync && comm_.size() > 1);
+    micro_samples_ += global_count;
+    StepResult r{step_, loss, 0.0f, global_count};
+    if (sync) {
+      if (options_.deterministic_chunk)
+        deterministic_reduce();
+      else if (comm_.size() > 1)
+        buckets_.finish(comm_, arena_.grads());
+      if (options_.clip_norm > 0) optim::clip_grad_norm(arena_.grads(), options_.clip_norm);
+      if (options_.clip_value > 0) optim::clip_grad_value(arena_.grads(), options_.clip_value);
+      r.lr = current_lr();
+      ++step_;
+      optimizer_.step(arena_.values(), arena_.grads(), state_, StepInfo{r.lr, step_});
+      r.step = step_;
+      r.samples = micro_samples_;
+      micro_ = 0;
+      micro_samples_ = 0;
+    } else {
+      ++micro_;
+    }
+    return r;
+  }
+
+  /// Learning rate of the next optimizer step.
+  float current_lr() const { return options_.schedule.lr(optimizer_.learning_rate() * options_.lr_factor, step_); }
+
+  /// Copies rank 0's buffers (BatchNorm running statistics) to every rank, as DDP does before
+  /// evaluation and saving (ranks' per-rank statistics differ otherwise).
+  void broadcast_buffers() {
+    if (comm_.size() == 1) return;
+    model_visit_buffers([&](const std::string&, auto&& buffer) {
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, std::span<float>>) {
+        comm_.broadcast(buffer, "broadcast buffers");
+      } else {
+        double v = static_cast<double>(buffer);
+        comm_.broadcast(std::span<double>(&v, 1), "broadcast buffers");
+        buffer = static_cast<std::int64_t>(v);
+      }
+    });
+  }
+
+  /// Context for a forward pass in train or eval mode.
+  Context context(bool training) {
+    Context ctx;
+    ctx.training = training;
+    ctx.seed = options_.seed;
+    ctx.step = step_;
+    ctx.collectives = comm_.size() > 1 ? &collectives_ : nullptr;
+    return ctx;
+  }
+
+  Model& model() noexcept { return model_; }
+  const Optimizer& optimizer() const noexcept { return optimizer_; }
+  typename Optimizer::State& optimizer_state() noexcept { return state_; }
+  ParamArena& params() noexcept { return arena_; }
+  Communicator& communicator() noexcept { return comm_; }
+  const EngineOptions& options() const noexcept { return options_; }
+  loss::CrossEntropyLoss& loss() noexcept { return loss_; }
+  /// Sum of per-sample losses and correct predictions of the last micro-step (this rank).
+  double last_loss_sum() const noexcept { return loss_sum_; }
+  std::size_t last_correct() const noexcept { return correct_; }
+  std::uint64_t step() const noexcept { return step_; }
+  const parallel::CommStats& comm_stats() const noexcept { return buckets_.stats(); }
+  void reset_comm_stats() noexcept { buckets_.reset_stats(); }
+  std::size_t bucket_count() const noexcept { return buckets_.buckets().size(); }
+
+ private:
+  template <class F>
+  void model_visit_buffers(F&& f) {
+    if constexpr (HasBuffers<Model>) model_.visit_buffers(std::string{}, f);
+  }
+
+  static void on_layer_done(void* self, std::size_t layer) {
+    auto* e = static_cast<Engine*>(self);
+    e->buckets_.layer_done(e->comm_, e->arena_.grads(), layer);
+  }
+
+  float plain_micro_step(const Matrix& x, std::span<const std::int32_t> y, std::size_t offset, double normalizer,
+                         bool overlap) {
+    Context ctx = context(true);
+    ctx.sample_offset = offset;
+    const float loss = loss_.forward(model_.forward(ctx, x), y, normalizer);
+    loss_sum_ = loss_.sum();
+    correct_ = loss_.correct();
+    ctx.input_grad = false;  // nothing needs the gradient of the data
+    if (overlap) {
+      ctx.grads_ready = &Engine::on_layer_done;
+      ctx.grads_ready_user = this;
+    }
+    model_.backward(ctx, loss_.backward());
+    return loss;
+  }
+
+  // Deterministic mode: the gradient of every chunk of `chunk` samples of the global batch is
+  // computed alone; this rank's chunks are summed in a balanced tree, the ranks' subtree roots
+  // are gathered and combined in the same tree. The arithmetic is the same on any rank count.
+  float deterministic_micro_step(const Matrix& x, std::span<const std::int32_t> y, std::size_t offset,
+                                 double normalizer) {
+    const std::size_t chunk = options_.deterministic_chunk, rows = y.size(), d = x.shape(1);
+    const std::size_t chunks = options_.global_batch / chunk / comm_.size();
+    double loss = 0.0;
+    for (std::size_t j = 0; j < chunks; ++j) {
+      arena_.zero_grad();
+      const std::size_t begin = std::min(j * chunk, rows), end = std::min(begin + chunk, rows);
+      if (end > begin) {
+        ensure_shape(chunk_x_, end - begin, d);
+        std::copy_n(x.data() + begin * d, (end - begin) * d, chunk_x_.data());
+        Context ctx = context(true);
+        ctx.sample_offset = offset + begin;
+        loss += loss_.forward(model_.forward(ctx, chunk_x_), y.subspan(begin, end - begin), normalizer);
+        loss_sum_ += loss_.sum();
+        correct_ += loss_.correct();
+        ctx.input_grad = false;
+        model_.backward(ctx, loss_.backward());
+      }
+      tree_.push(arena_.grads());
+    }
+    pending_.resize((micro_ + 1) * arena_.size());
+    tree_.result(std::span<float>(pending_).subspan(micro_ * arena_.size(), arena_.size()));
+    return static_cast<float>(loss);
+  }
+
+  void deterministic_reduce() {
+    const std::size_t n = arena_.size(), micro = pending_.size() / n, w = comm_.size();
+    gathered_.resize(pending_.size() * w);
+    comm_.allgather(pending_, gathered_, "deterministic gradient gather");
+    auto grads = arena_.grads();
+    std::fill(grads.begin(), grads.end(), 0.0f);
+    root_.resize(n);
+    for (std::size_t m = 0; m < micro; ++m) {  // ranks in a balanced tree, then micro-steps in order
+      for (std::size_t r = 0; r < w; ++r) tree_.push(std::span<const float>(gathered_).subspan((r * micro + m) * n, n));
+      tree_.result(root_);
+      for (std::size_t i = 0; i < n; ++i) grads[i] += root_[i];
+    }
+    pending_.clear();
+  }
+
+  void check_deterministic_layout() const {
+    const std::size_t c = options_.deterministic_chunk, g = options_.global_batch, w = comm_.size();
+    XTRAIN_CHECK(g > 0 && g % c == 0, ValueError, "deterministic reduction: the global batch ", g,
+                 " must be a multiple of the chunk size ", c);
+    const std::size_t chunks = g / c;
+    XTRAIN_CHECK(chunks % w == 0 && ((chunks / w) & (chunks / w - 1)) == 0 && (w & (w - 1)) == 0, ValueError,
+                 "deterministic reduction: ", chunks, " chunks of ", c,
+                 " samples cannot be split into equal power-of-two "
+                 "halves over ",
+                 w, " ranks (use a power-of-two rank count and global batch / chunk)");
+  }
+
+  /// Every rank must have built the same model; then rank 0's parameters and buffers win.
+  void synchronize() {
+    if (comm_.size() == 1) return;
+    std::string mine, root;
+    for (const auto& e : arena_.entries()) mine += e.name + " " + shape_string(e.shape) + "\n";
+    root = mine;
+    comm_.broadcast(root, "model structure check");
+    if (root != mine) throw ValueError(structure_mismatch(root, mine));
+    comm_.broadcast(arena_.values(), "broadcast initial parameters");
+    broadcast_buffers();
+  }
+
+  std::string structure_mismatch(const std::string& root, const std::string& mine) const {
+    auto lines = [](const std::string& s) {
+      std::vector<std::string> out;
+      std::size_t a = 0;
+      for (std::size_t b; (b = s.find('\n', a)) != std::string::npos; a = b + 1) out.push_back(s.substr(a, b - a));
+      return out;
+    };
+    const auto r = lines(root), m = lines(mine);
+    const std::string here = "rank " + std::to_string(comm_.rank());
+    for (std::size_t i = 0; i < std::max(r.size(), m.size()); ++i) {
+      const std::string a = i < r.size() ? r[i] : "(none)", b = i < m.size() ? m[i] : "(none)";
+      if (a != b) {
+        const std::string name = b.substr(0, b.find(' '));
+        return "model differs across ranks: parameter '" + name + "' is '" + b + "' on " + here + " but '" + a +
+               "' on rank 0 (build the same model on every rank)";
+      }
+    }
+    return "model differs across ranks";
+  }
+
+  Model model_;
+  Optimizer optimizer_;
+  Communicator comm_;
+  EngineOptions options_;
+  ParamArena arena_;
+  typename Optimizer::State state_;
+  parallel::GradientBuckets<Communicator> buckets_;
+  parallel::CollectivesOf<Communicator> collectives_;
+  loss::CrossEntropyLoss loss_;
+  double loss_sum_ = 0.0;
+  std::size_t correct_ = 0;
+  std::uint64_t step_ = 0;
+  std::size_t micro_ = 0, micro_samples_ = 0;
+  // deterministic mode
+  parallel::TreeSum tree_;
+  AlignedVector pending_, gathered_, root_;
+  Matrix chunk_x_;
+};
+
+}  // namespace xtrain
