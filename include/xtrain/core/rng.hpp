@@ -121,14 +121,15 @@ class Generator {
 };
 
 /// The generator that layer constructors draw their initial parameters from (PyTorch's default
-/// generator). One per process; `set_seed` resets it. Ranks that call `set_seed` with the same
+/// generator). One per thread (ranks run as threads by ThreadAllReduce build their models
+/// concurrently); `set_seed` resets the calling thread's. Ranks that call `set_seed` with the same
 /// seed build identical models.
 inline Generator& default_generator() noexcept {
-  static Generator generator{0, streams::init};
+  thread_local Generator generator{0, streams::init};
   return generator;
 }
 
-/// Seeds the library: the default generator restarts at (seed, streams::init, 0).
+/// Seeds the calling thread's default generator: it restarts at (seed, streams::init, 0).
 /// Data order and dropout take their seed from TrainerOptions::seed, which defaults to the same value.
 inline void set_seed(std::uint64_t seed) noexcept {
   default_generator() = Generator{seed, streams::init};

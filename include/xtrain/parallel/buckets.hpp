@@ -45,28 +45,25 @@ class GradientBuckets {
 
   GradientBuckets() = default;
 
-  /// Requires bucket_bytes > 0. Buckets hold whole parameters; one larger than bucket_bytes gets
-  /// its own bucket.
+  /// Requires bucket_bytes > 0. Buckets hold whole parameters: a bucket is closed before the
+  /// next parameter would take it past bucket_bytes, so the last layers' gradients are not held
+  /// back by a large first layer; a parameter larger than bucket_bytes gets a bucket of its own.
   GradientBuckets(const ParamArena& arena, std::size_t bucket_bytes) {
     const auto& entries = arena.entries();
-    std::size_t end = arena.size();
     const std::size_t limit = bucket_bytes / sizeof(float);
     Bucket current;
-    current.end = end;
+    current.begin = current.end = arena.size();
     for (std::size_t i = entries.size(); i-- > 0;) {
       const ParamEntry& e = entries[i];
-      current.begin = e.offset;
-      current.first_layer = layer_of(e.name);
-      if (current.end - current.begin >= limit && i > 0) {
+      if (current.end > current.begin && current.end - e.offset > limit) {  // e would overflow it
         buckets_.push_back(current);
         current = Bucket{};
-        current.end = e.offset;
+        current.begin = current.end = buckets_.back().begin;
       }
+      current.begin = i == 0 ? 0 : e.offset;
+      current.first_layer = layer_of(e.name);
     }
-    if (current.end > 0 || buckets_.empty()) {
-      current.begin = 0;
-      buckets_.push_back(current);
-    }
+    buckets_.push_back(current);
   }
 
   const std::vector<Bucket>& buckets() const noexcept { return buckets_; }

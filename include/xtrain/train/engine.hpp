@@ -70,11 +70,14 @@ class Engine {
     if (micro_ == 0 && !options_.deterministic_chunk) arena_.zero_grad();
     loss_sum_ = 0.0;
     correct_ = 0;
+    // Sample positions count across the accumulation window (dropout masks follow them), so k
+    // micro-batches of B draw the masks one batch of k * B would.
+    const std::size_t position = micro_samples_ + global_offset;
     float loss = 0.0f;
     if (options_.deterministic_chunk)
-      loss = deterministic_micro_step(x, y, global_offset, normalizer);
+      loss = deterministic_micro_step(x, y, position, normalizer);
     else
-      loss = plain_micro_step(x, y, global_offset, normalizer, sync && comm_.size() > 1);
+      loss = plain_micro_step(x, y, position, normalizer, sync && comm_.size() > 1);
     micro_samples_ += global_count;
     StepResult r{step_, loss, 0.0f, global_count};
     if (sync) {

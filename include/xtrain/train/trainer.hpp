@@ -77,7 +77,8 @@ class Trainer {
       for (std::size_t k = 0; k < batches; ++k) {
         const data::Batch batch = loader.batch(k);
         const std::uint64_t before = engine_.step();
-        StepResult r = engine_.micro_step(batch.x, batch.y, batch.global_offset, batch.global_count, k + 1 == batches);
+        [[maybe_unused]] StepResult r =
+            engine_.micro_step(batch.x, batch.y, batch.global_offset, batch.global_count, k + 1 == batches);
         sums[0] += engine_.last_loss_sum();
         sums[1] += static_cast<double>(engine_.last_correct());
         sums[2] += static_cast<double>(batch.y.size());

@@ -1,0 +1,44 @@
+// Misbehaves on purpose under mpiexec, for tests/check_mpi_failure.cmake:
+//   throw     rank 1 throws during training: the job must end with its message, non-zero, quickly
+//   mismatch  ranks enter different collectives under XTRAIN_DEBUG_COLLECTIVES=1: reported
+//   stall     rank 1 never enters a collective: rank 0's times out (XTRAIN_COLLECTIVE_TIMEOUT) and names it
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "xtrain/parallel/mpi.hpp"
+#include "xtrain/xtrain.hpp"
+
+int main(int argc, char** argv) {
+  xtrain::parallel::MpiEnvironment env{argc, argv};
+  const std::string mode = argc > 1 ? argv[1] : "";
+  xtrain::parallel::MpiAllReduce comm;
+  std::vector<float> v(10, 1.0f);
+  if (mode == "throw") {
+    namespace nn = xtrain::layers;
+    auto model = nn::Sequential{nn::Linear{4, 4}, nn::ReLU{}, nn::Linear{4, 2}};
+    xtrain::Trainer<decltype(model), xtrain::optim::Adam, xtrain::FullPrecision, xtrain::parallel::MpiAllReduce> t{
+        std::move(model), xtrain::optim::Adam{}, xtrain::TrainerOptions{}.verbose(false), std::move(comm)};
+    xtrain::Matrix x({2, 4});
+    std::vector<std::int32_t> y(2, 1);
+    for (int step = 0;; ++step) {
+      if (t.rank() == 1 && step == 3) throw xtrain::ValueError("probe: rank 1 failed at step 3");
+      t.train_step(x, y, 2 * t.rank(), 4);
+    }
+  }
+  if (mode == "mismatch") {
+    if (comm.rank() == 0)
+      comm.allreduce_sum(std::span<float>(v), "probe metrics");
+    else
+      comm.broadcast(std::span<float>(v.data(), 7), "probe parameters");
+  }
+  if (mode == "stall") {
+    if (comm.rank() == 1)
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+    else
+      comm.allreduce_sum(std::span<float>(v), "probe stalled allreduce");
+  }
+  return 0;
+}

@@ -1,0 +1,125 @@
+// Data parallelism over real MPI (run by ctest under mpiexec -n 2 and -n 4, shared memory and
+// TCP). Runs on 1, 2 and 4 ranks are compared inside one job through sub-communicators.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <vector>
+
+#include "xtrain/parallel/mpi.hpp"
+#include "xtrain/xtrain.hpp"
+
+using namespace xtrain;
+namespace nn = xtrain::layers;
+using parallel::MpiAllReduce;
+
+namespace {
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int s = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+const data::Split& fashion() {
+  static const data::Split split = data::fashion_mnist("/usr/share/datasets/fashion-mnist");
+  return split;
+}
+data::TensorDataset head(const data::TensorDataset& d, std::size_t n) {
+  Matrix x({n, d.feature_count()});
+  std::copy_n(d.features().data(), n * d.feature_count(), x.data());
+  return data::TensorDataset(std::move(x), std::vector<std::int32_t>(d.labels().begin(), d.labels().begin() + n),
+                             d.num_classes(), d.source());
+}
+auto mlp() {
+  set_seed(11);
+  return nn::Sequential{nn::Linear{784, 32}, nn::ReLU{}, nn::Dropout{0.1f}, nn::Linear{32, 10}};
+}
+using MlpTrainer = Trainer<decltype(mlp()), optim::Adam, FullPrecision, MpiAllReduce>;
+
+/// Trains 50 steps (3200 samples, global batch 64) on the first `ranks` world ranks; returns the
+/// parameters on world rank 0 (empty elsewhere). Ranks outside the group wait.
+std::vector<float> train_on(int ranks, TrainerOptions options) {
+  MPI_Comm group;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < ranks ? 0 : MPI_UNDEFINED, world_rank(), &group);
+  std::vector<float> params;
+  if (group != MPI_COMM_NULL) {
+    static const auto train = head(fashion().train, 3200), test = head(fashion().test, 500);
+    MlpTrainer t{mlp(), optim::Adam{}.lr(2e-3f), options.epochs(1).verbose(false), MpiAllReduce(group)};
+    t.fit(train, test);
+    if (world_rank() == 0) params.assign(t.params().values().begin(), t.params().values().end());
+    MPI_Comm_free(&group);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return params;
+}
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  float d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::abs(a[i] - b[i]));
+  return d;
+}
+}  // namespace
+
+TEST_CASE("MPI: fixed global batch on 1, 2 (and 4) ranks agrees to 1e-5, bitwise when deterministic", "[mpi]") {
+  const auto plain = TrainerOptions{}.global_batch_size(64),
+             det = TrainerOptions{}.global_batch_size(64).deterministic(16);
+  const auto one = train_on(1, plain), two = train_on(2, plain);
+  const auto det_one = train_on(1, det), det_two = train_on(2, det);
+  if (world_rank() == 0) {
+    REQUIRE(max_abs_diff(one, two) <= 1e-5f);
+    REQUIRE(det_one == det_two);
+  }
+  if (world_size() >= 4) {
+    const auto four = train_on(4, plain), det_four = train_on(4, det);
+    if (world_rank() == 0) {
+      REQUIRE(max_abs_diff(one, four) <= 1e-5f);
+      REQUIRE(det_one == det_four);
+    }
+  }
+}
+
+TEST_CASE("MPI: accumulating 2 micro-batches of 32 equals one batch of 64", "[mpi]") {
+  const auto n = world_size();
+  const auto once = train_on(n, TrainerOptions{}.global_batch_size(64));
+  const auto accumulated = train_on(n, TrainerOptions{}.global_batch_size(32).accumulate(2));
+  if (world_rank() == 0) REQUIRE(max_abs_diff(once, accumulated) <= 1e-5f);
+}
+
+TEST_CASE("MPI: the same seed twice gives bitwise identical parameters", "[mpi]") {
+  const auto n = world_size();
+  const auto a = train_on(n, TrainerOptions{}.batch_size(32).seed(3)),
+             b = train_on(n, TrainerOptions{}.batch_size(32).seed(3));
+  if (world_rank() == 0) REQUIRE(a == b);
+}
+
+TEST_CASE("MPI: evaluation counts the 10,000 test samples exactly, and every rank agrees", "[mpi]") {
+  MlpTrainer t{mlp(), optim::Adam{}, TrainerOptions{}.eval_batch_size(999).verbose(false), MpiAllReduce()};
+  const EvalResult r = t.evaluate(fashion().test);
+  REQUIRE(r.count == 10000);
+  double acc = r.accuracy, max_acc = r.accuracy;
+  MPI_Allreduce(&acc, &max_acc, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  REQUIRE(max_acc == r.accuracy);
+}
+
+TEST_CASE("MPI: the homework model with per-rank BatchNorm learns, ranks hold rank 0's statistics", "[mpi]") {
+  set_seed(42);
+  auto model = nn::Sequential{nn::Linear{784, 32}, nn::BatchNorm1d{32}, nn::ReLU{}, nn::Linear{32, 10}};
+  Trainer<decltype(model), optim::Adam, FullPrecision, MpiAllReduce> t{
+      std::move(model), optim::Adam{}, TrainerOptions{}.epochs(1).verbose(false), MpiAllReduce()};
+  const History h = t.fit(fashion().train, fashion().test);
+  REQUIRE(h.epochs.back().test.count == 10000);
+  REQUIRE(h.epochs.back().train.count == 60000);
+  REQUIRE(h.epochs.back().test.accuracy > 80.0);
+  std::vector<float> mean(t.model().get<1>().running_mean().begin(), t.model().get<1>().running_mean().end());
+  std::vector<float> root = mean;
+  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  REQUIRE(mean == root);
+}
+
+int main(int argc, char** argv) {
+  xtrain::parallel::MpiEnvironment env{argc, argv};
+  return Catch::Session().run(argc, argv);
+}
