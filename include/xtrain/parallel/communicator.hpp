@@ -12,7 +12,8 @@ namespace xtrain::parallel {
 
 /// Communicator: rank()/size(); in-place sums over ranks of float and double spans; broadcast
 /// from rank 0 (spans and a string); allgather of equal-sized float blocks; barrier; and a
-/// non-blocking float sum (`iallreduce_sum` -> Request, `test`, `wait`) for gradient buckets.
+/// non-blocking float sum (`iallreduce_sum` -> Request, `test`, `wait`) for gradient buckets;
+/// `duplicate()`: another handle on the same ranks.
 /// Every collective is named (the name appears in timeout and mismatch reports).
 template <class C>
 concept Communicator = requires(C& c, std::span<float> f, std::span<double> d, std::span<const float> cf,
@@ -29,6 +30,7 @@ concept Communicator = requires(C& c, std::span<float> f, std::span<double> d, s
   { c.iallreduce_sum(f, "name") } -> std::same_as<typename C::Request>;
   { c.test(r) } -> std::convertible_to<bool>;
   c.wait(r);
+  { c.duplicate() } -> std::same_as<C>;
 };
 
 /// What a layer may ask of the communicator during forward/backward (type-erased: layers are not

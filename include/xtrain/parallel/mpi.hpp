@@ -186,6 +186,13 @@ class MpiAllReduce {
   std::size_t rank() const noexcept { return rank_; }
   std::size_t size() const noexcept { return size_; }
   MPI_Comm handle() const noexcept { return comm_; }
+  /// Another communicator over the same ranks (its own MPI duplicate), same timeout and debug mode.
+  MpiAllReduce duplicate() const {
+    MpiAllReduce d(comm_);
+    d.timeout_ = timeout_;
+    d.debug_ = debug_;
+    return d;
+  }
 
   void allreduce_sum(std::span<float> v, const char* what) {
     Request r = iallreduce_sum(v, what);

@@ -28,6 +28,8 @@ struct SingleProcess {
   Request iallreduce_sum(std::span<float>, const char*) noexcept { return {}; }
   bool test(Request&) noexcept { return true; }
   void wait(Request&) noexcept {}
+  /// Another handle on the same group of ranks (for a second engine).
+  SingleProcess duplicate() const noexcept { return {}; }
 };
 
 }  // namespace xtrain::parallel

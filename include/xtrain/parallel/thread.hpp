@@ -114,6 +114,8 @@ class ThreadAllReduce {
   }
   bool test(Request&) noexcept { return true; }
   void wait(Request&) noexcept {}
+  /// Another handle on the same group of ranks (for a second engine).
+  ThreadAllReduce duplicate() const { return *this; }
 
  private:
   /// Publishes this rank's buffer and waits until every rank has published its own.

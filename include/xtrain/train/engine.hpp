@@ -62,43 +62,73 @@ class Engine {
   /// One micro-batch: this rank's rows `x`, `y` of a global batch of `global_count` samples whose
   /// row 0 is sample `global_offset` of it. The loss is normalised by global_count * accumulate.
   /// On the last micro-step of the window (or when `force_sync`) the gradients are reduced and
-  /// the optimizer steps. Returns the mean loss of this rank's rows scaled as the gradient is.
+  /// the optimizer steps.
   StepResult micro_step(const Matrix& x, std::span<const std::int32_t> y, std::size_t global_offset,
                         std::size_t global_count, bool force_sync = false) {
     const bool sync = force_sync || micro_ + 1 == options_.accumulate;
     const double normalizer = static_cast<double>(global_count) * static_cast<double>(options_.accumulate);
-    if (micro_ == 0 && !options_.deterministic_chunk) arena_.zero_grad();
-    loss_sum_ = 0.0;
-    correct_ = 0;
-    // Sample positions count across the accumulation window (dropout masks follow them), so k
-    // micro-batches of B draw the masks one batch of k * B would.
-    const std::size_t position = micro_samples_ + global_offset;
     float loss = 0.0f;
-    if (options_.deterministic_chunk)
-      loss = deterministic_micro_step(x, y, position, normalizer);
-    else
-      loss = plain_micro_step(x, y, position, normalizer, sync && comm_.size() > 1);
-    micro_samples_ += global_count;
-    StepResult r{step_, loss, 0.0f, global_count};
-    if (sync) {
-      if (options_.deterministic_chunk)
-        deterministic_reduce();
-      else if (comm_.size() > 1)
-        buckets_.finish(comm_, arena_.grads());
-      if (options_.clip_norm > 0) optim::clip_grad_norm(arena_.grads(), options_.clip_norm);
-      if (options_.clip_value > 0) optim::clip_grad_value(arena_.grads(), options_.clip_value);
-      r.lr = current_lr();
-      ++step_;
-      optimizer_.step(arena_.values(), arena_.grads(), state_, StepInfo{r.lr, step_});
-      r.step = step_;
-      r.samples = micro_samples_;
-      micro_ = 0;
-      micro_samples_ = 0;
+    if (options_.deterministic_chunk) {
+      loss = deterministic_micro_step(x, y, micro_samples_ + global_offset, normalizer);
+      if (sync) deterministic_reduce();
     } else {
-      ++micro_;
+      loss = loss_.forward(forward(x, global_offset), y, normalizer);
+      loss_sum_ = loss_.sum();
+      correct_ = loss_.correct();
+      backward(loss_.backward(), sync);
     }
+    StepResult r{step_, loss, current_lr(), micro_samples_ + global_count};
+    if (step(sync, global_count)) r.step = step_;
     return r;
   }
+
+  /// Forward of a training micro-step (train mode). `global_offset` is the position of row 0 in
+  /// this micro-step's global batch; positions count across the accumulation window, so k
+  /// micro-batches of B draw the dropout masks one batch of k * B would. Zeroes the gradients at
+  /// the start of a window. The result lives in the model until its next forward.
+  const Matrix& forward(const Matrix& x, std::size_t global_offset) {
+    XTRAIN_CHECK(!options_.deterministic_chunk, ValueError,
+                 "the deterministic reduction needs Engine::micro_step (it computes chunk by chunk)");
+    if (micro_ == 0) arena_.zero_grad();
+    ctx_ = context(true);
+    ctx_.sample_offset = micro_samples_ + global_offset;
+    return model_.forward(ctx_, x);
+  }
+
+  /// Backward of the last forward from d(loss)/d(logits), adding into the gradients. When `sync`
+  /// (last micro-step of the window) the buckets' allreduces start during backward and are
+  /// complete on return: the gradients are then summed over ranks (clip them now if you wish).
+  void backward(const Matrix& dlogits, bool sync) {
+    ctx_.input_grad = false;  // nothing needs the gradient of the data
+    const bool reduce = sync && comm_.size() > 1;
+    if (reduce) {
+      ctx_.grads_ready = &Engine::on_layer_done;
+      ctx_.grads_ready_user = this;
+    }
+    model_.backward(ctx_, dlogits);
+    if (reduce) buckets_.finish(comm_, arena_.grads());
+  }
+
+  /// Ends a micro-step of `global_count` samples: when `sync`, clips (per the options) and steps
+  /// the optimizer; otherwise only counts the micro-step. Returns whether the optimizer stepped.
+  bool step(bool sync, std::size_t global_count) {
+    micro_samples_ += global_count;
+    if (!sync) {
+      ++micro_;
+      return false;
+    }
+    if (options_.clip_norm > 0) optim::clip_grad_norm(arena_.grads(), options_.clip_norm);
+    if (options_.clip_value > 0) optim::clip_grad_value(arena_.grads(), options_.clip_value);
+    const float lr = current_lr();
+    ++step_;
+    optimizer_.step(arena_.values(), arena_.grads(), state_, StepInfo{lr, step_});
+    micro_ = 0;
+    micro_samples_ = 0;
+    return true;
+  }
+
+  /// Whether the next micro-step ends the accumulation window.
+  bool sync_next() const noexcept { return micro_ + 1 == options_.accumulate; }
 
   /// Learning rate of the next optimizer step.
   float current_lr() const { return options_.schedule.lr(optimizer_.learning_rate() * options_.lr_factor, step_); }
@@ -154,22 +184,6 @@ class Engine {
     e->buckets_.layer_done(e->comm_, e->arena_.grads(), layer);
   }
 
-  float plain_micro_step(const Matrix& x, std::span<const std::int32_t> y, std::size_t offset, double normalizer,
-                         bool overlap) {
-    Context ctx = context(true);
-    ctx.sample_offset = offset;
-    const float loss = loss_.forward(model_.forward(ctx, x), y, normalizer);
-    loss_sum_ = loss_.sum();
-    correct_ = loss_.correct();
-    ctx.input_grad = false;  // nothing needs the gradient of the data
-    if (overlap) {
-      ctx.grads_ready = &Engine::on_layer_done;
-      ctx.grads_ready_user = this;
-    }
-    model_.backward(ctx, loss_.backward());
-    return loss;
-  }
-
   // Deterministic mode: the gradient of every chunk of `chunk` samples of the global batch is
   // computed alone; this rank's chunks are summed in a balanced tree, the ranks' subtree roots
   // are gathered and combined in the same tree. The arithmetic is the same on any rank count.
@@ -178,6 +192,8 @@ class Engine {
     const std::size_t chunk = options_.deterministic_chunk, rows = y.size(), d = x.shape(1);
     const std::size_t chunks = options_.global_batch / chunk / comm_.size();
     double loss = 0.0;
+    loss_sum_ = 0.0;
+    correct_ = 0;
     for (std::size_t j = 0; j < chunks; ++j) {
       arena_.zero_grad();
       const std::size_t begin = std::min(j * chunk, rows), end = std::min(begin + chunk, rows);
@@ -275,6 +291,7 @@ class Engine {
   parallel::TreeSum tree_;
   AlignedVector pending_, gathered_, root_;
   Matrix chunk_x_;
+  Context ctx_;  // of the micro-step in flight (forward to backward)
 };
 
 }  // namespace xtrain

@@ -1,0 +1,159 @@
+#pragma once
+/// \file accelerator.hpp
+/// The Accelerate-style API for users who keep their own training loop (HuggingFace
+/// Accelerate's Accelerator). `prepare` makes the model and optimizer data-parallel and shards a
+/// data set; `backward` reduces gradients over ranks; `accumulate` decides when to communicate.
+///
+///   xtrain::Accelerator acc{xtrain::parallel::MpiAllReduce{},
+///   xtrain::AcceleratorOptions{}.gradient_accumulation_steps(2)}; auto ddp = acc.prepare(std::move(model),
+///   xtrain::optim::Adam{}); auto loader = acc.prepare(train, 32);                 // 32 samples per process per step
+///   for (std::size_t epoch = 0; epoch < 10; ++epoch) {
+///     loader.set_epoch(epoch);
+///     for (std::size_t k = 0; k < loader.batches(); ++k) {
+///       const auto batch = loader.batch(k);
+///       const bool sync = acc.accumulate(ddp, k + 1 == loader.batches());
+///       const auto& logits = ddp.forward(batch.x, batch.global_offset);
+///       loss.forward(logits, batch.y, acc.loss_normalizer(batch));
+///       acc.backward(ddp, loss.backward(), sync);   // gradients summed over ranks when sync
+///       if (sync) acc.clip_grad_norm(ddp, 1.0);
+///       ddp.step(sync, batch.global_count);
+///     }
+///   }
+
+#include <algorithm>
+#include <cstdio>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "xtrain/data/loader.hpp"
+#include "xtrain/parallel/communicator.hpp"
+#include "xtrain/parallel/single_process.hpp"
+#include "xtrain/train/engine.hpp"
+
+namespace xtrain {
+
+class AcceleratorOptions {
+ public:
+  /// Micro-batches per optimizer step (Accelerate's gradient_accumulation_steps). Default 1.
+  AcceleratorOptions& gradient_accumulation_steps(std::size_t k) {
+    XTRAIN_CHECK(k > 0, ValueError, "AcceleratorOptions: gradient_accumulation_steps must be at least 1");
+    engine_.accumulate = k;
+    return *this;
+  }
+  /// Gradient bucket size in bytes. Default 25 MiB.
+  AcceleratorOptions& bucket_bytes(std::size_t v) {
+    engine_.bucket_bytes = v;
+    return *this;
+  }
+  /// Seed of the data order and dropout. Default 42.
+  AcceleratorOptions& seed(std::uint64_t v) {
+    engine_.seed = v;
+    return *this;
+  }
+  /// Learning-rate schedule over optimizer steps.
+  AcceleratorOptions& schedule(const optim::LrSchedule& s) {
+    engine_.schedule = s;
+    return *this;
+  }
+  const EngineOptions& engine() const noexcept { return engine_; }
+
+ private:
+  EngineOptions engine_;
+};
+
+template <parallel::Communicator Communicator = parallel::SingleProcess>
+class Accelerator {
+ public:
+  explicit Accelerator(Communicator communicator = {}, AcceleratorOptions options = {})
+      : comm_(std::move(communicator)), options_(std::move(options)) {}
+
+  std::size_t process_index() const { return comm_.rank(); }
+  std::size_t num_processes() const { return comm_.size(); }
+  bool is_main_process() const { return comm_.rank() == 0; }
+
+  /// The model and optimizer, data-parallel: parameters in one arena, rank 0's initial values on
+  /// every rank (after a check that all ranks built the same model), gradient buckets.
+  template <class Model, class Optimizer>
+  requires Layer<Model> && xtrain::Optimizer<Optimizer> Engine<Model, Optimizer, Communicator> prepare(
+      Model model, Optimizer optimizer) {
+    EngineOptions e = options_.engine();
+    return Engine<Model, Optimizer, Communicator>(std::move(model), std::move(optimizer), duplicate(), e);
+  }
+
+  /// A loader over the global permutation of `data`, this rank's shard of each global batch of
+  /// batch_per_process x num_processes() samples.
+  template <data::Dataset D>
+  data::Loader<D> prepare(const D& data, std::size_t batch_per_process, bool shuffle = true, bool drop_last = false) {
+    return data::Loader<D>(data, batch_per_process * comm_.size(), options_.engine().seed, shuffle, drop_last,
+                           comm_.rank(), comm_.size());
+  }
+
+  /// Whether this micro-step ends the accumulation window (then backward communicates and step
+  /// applies the optimizer). The last batch of the data always syncs.
+  template <class E>
+  bool accumulate(const E& engine, bool last_batch = false) const {
+    return last_batch || engine.sync_next();
+  }
+
+  /// What to divide the summed loss by: the global batch times the accumulation steps, so the
+  /// reduced gradient is that of the mean over everything the optimizer step covers.
+  double loss_normalizer(const data::Batch& batch) const {
+    return static_cast<double>(batch.global_count) * static_cast<double>(options_.engine().accumulate);
+  }
+
+  /// Backward from d(loss)/d(logits); when `sync`, the gradients are summed over ranks on return.
+  template <class E>
+  void backward(E& engine, const Matrix& dlogits, bool sync) {
+    engine.backward(dlogits, sync);
+  }
+
+  /// torch.nn.utils.clip_grad_norm_ on the (reduced) gradients; returns the norm before clipping.
+  template <class E>
+  double clip_grad_norm(E& engine, double max_norm) {
+    return optim::clip_grad_norm(engine.params().grads(), max_norm);
+  }
+  /// torch.nn.utils.clip_grad_value_ on the (reduced) gradients.
+  template <class E>
+  void clip_grad_value(E& engine, float clip_value) {
+    optim::clip_grad_value(engine.params().grads(), clip_value);
+  }
+
+  /// Every rank's `values` concatenated in rank order (ranks may hold different counts, e.g. the
+  /// uneven last batch); no sample is duplicated.
+  std::vector<float> gather_for_metrics(std::span<const float> values) {
+    std::vector<double> counts(comm_.size(), 0.0);
+    counts[comm_.rank()] = static_cast<double>(values.size());
+    comm_.allreduce_sum(std::span<double>(counts), "gather_for_metrics counts");
+    const auto widest = static_cast<std::size_t>(*std::max_element(counts.begin(), counts.end()));
+    std::vector<float> mine(widest, 0.0f), all(widest * comm_.size());
+    std::copy(values.begin(), values.end(), mine.begin());
+    comm_.allgather(mine, all, "gather_for_metrics");
+    std::vector<float> out;
+    for (std::size_t r = 0; r < comm_.size(); ++r)
+      out.insert(out.end(), all.begin() + static_cast<std::ptrdiff_t>(r * widest),
+                 all.begin() + static_cast<std::ptrdiff_t>(r * widest + static_cast<std::size_t>(counts[r])));
+    return out;
+  }
+
+  /// printf on the main process only.
+  template <class... Args>
+  void print(const char* format, Args... args) const {
+    if (!is_main_process()) return;
+    std::printf(format, args...);
+    std::fflush(stdout);
+  }
+
+  /// Barrier: every rank waits until all have arrived.
+  void wait_for_everyone() { comm_.barrier("wait_for_everyone"); }
+
+  Communicator& communicator() noexcept { return comm_; }
+
+ private:
+  Communicator duplicate() const { return comm_.duplicate(); }
+
+  Communicator comm_;
+  AcceleratorOptions options_;
+};
+
+}  // namespace xtrain
