@@ -69,8 +69,10 @@ class GradientBuckets {
   const std::vector<Bucket>& buckets() const noexcept { return buckets_; }
 
   /// Layer `layer` has finished backward: start every bucket whose layers are all done, and
-  /// progress the ones in flight.
+  /// progress the ones in flight. After layer 0 nothing is left to overlap with: finish() takes
+  /// the remaining buckets on the faster blocking path.
   void layer_done(C& comm, std::span<float> grads, std::size_t layer) {
+    if (layer == 0) return;
     for (auto& b : buckets_) {
       if (b.started) {
         comm.test(b.request);
@@ -85,10 +87,15 @@ class GradientBuckets {
   void finish(C& comm, std::span<float> grads) {
     const auto now = std::chrono::steady_clock::now();
     if (any_started_) stats_.overlap_seconds += std::chrono::duration<double>(now - first_start_).count();
+    // Buckets not started yet have nothing left to overlap with: reduce them with the blocking
+    // collective (faster than the non-blocking one in Open MPI), then complete the others.
     for (auto& b : buckets_)
-      if (!b.started) start(comm, grads, b);
+      if (!b.started) {
+        comm.allreduce_sum(grads.subspan(b.begin, b.end - b.begin), "gradient bucket");
+        ++stats_.collectives;
+      }
     for (auto& b : buckets_) {
-      comm.wait(b.request);
+      if (b.started) comm.wait(b.request);
       b.started = false;
     }
     stats_.waiting_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - now).count();

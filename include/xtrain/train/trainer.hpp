@@ -155,6 +155,9 @@ class Trainer {
   std::uint64_t step() const noexcept { return engine_.step(); }
   /// Completed epochs.
   std::uint64_t epoch() const noexcept { return epoch_; }
+  /// Time spent on gradient reductions since the start of the epoch (or the last reset).
+  const parallel::CommStats& comm_stats() const noexcept { return engine_.comm_stats(); }
+  void reset_comm_stats() noexcept { engine_.reset_comm_stats(); }
   /// Gradient buckets (1 for a model smaller than the bucket size).
   std::size_t bucket_count() const noexcept { return engine_.bucket_count(); }
 
