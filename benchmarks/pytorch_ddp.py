@@ -7,24 +7,15 @@ steps and prints training samples/s over all processes. Launch with benchmarks/t
 usage: pytorch_ddp.py --model homework|wide --batch B --steps S [--broadcast-buffers 0|1]
 """
 import argparse
-import gzip
 import os
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-import numpy as np  # noqa: E402
+import fashion_mnist  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
-
-
-def idx(path):
-    with gzip.open(path, "rb") as f:
-        raw = f.read()
-    rank = raw[3]
-    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(rank)]
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * rank).reshape(dims)
 
 
 def main():
@@ -42,10 +33,8 @@ def main():
         dist.init_process_group("gloo")
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
-    x = idx(os.path.join(a.data, "train-images-idx3-ubyte.gz"))
-    y = idx(os.path.join(a.data, "train-labels-idx1-ubyte.gz"))
-    x = torch.from_numpy(x.reshape(len(x), -1).astype(np.float32) / 255.0)
-    y = torch.from_numpy(y.astype(np.int64))
+    x, y = fashion_mnist.load(a.data, "train")
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
     torch.manual_seed(42)
     if a.model == "homework":
         model = nn.Sequential(nn.Linear(784, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10))

@@ -8,30 +8,20 @@ homework's profile found costing 34 % of the time), so this measures PyTorch at 
 One thread (OMP/OpenBLAS set before torch is imported). Prints the example's epoch lines.
 """
 import argparse
-import gzip
 import os
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
-import numpy as np  # noqa: E402
+import fashion_mnist  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 
-def idx(path):
-    with gzip.open(path, "rb") as f:
-        raw = f.read()
-    rank = raw[3]
-    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(rank)]
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * rank).reshape(dims)
-
-
 def load(data, split):
-    x = idx(os.path.join(data, f"{split}-images-idx3-ubyte.gz"))
-    y = idx(os.path.join(data, f"{split}-labels-idx1-ubyte.gz"))
-    return torch.from_numpy(x.reshape(len(x), -1).astype(np.float32) / 255.0), torch.from_numpy(y.astype(np.int64))
+    x, y = fashion_mnist.load(data, split)
+    return torch.from_numpy(x), torch.from_numpy(y)
 
 
 def main():

@@ -6,10 +6,13 @@
 #include <cmath>
 #include <vector>
 
+#include "support.hpp"
 #include "xtrain/parallel/mpi.hpp"
 #include "xtrain/xtrain.hpp"
 
 using namespace xtrain;
+using xtrain::test::fashion;
+using xtrain::test::head;
 namespace nn = xtrain::layers;
 using parallel::MpiAllReduce;
 
@@ -23,16 +26,6 @@ int world_size() {
   int s = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &s);
   return s;
-}
-const data::Split& fashion() {
-  static const data::Split split = data::fashion_mnist("/usr/share/datasets/fashion-mnist");
-  return split;
-}
-data::TensorDataset head(const data::TensorDataset& d, std::size_t n) {
-  Matrix x({n, d.feature_count()});
-  std::copy_n(d.features().data(), n * d.feature_count(), x.data());
-  return data::TensorDataset(std::move(x), std::vector<std::int32_t>(d.labels().begin(), d.labels().begin() + n),
-                             d.num_classes(), d.source());
 }
 auto mlp() {
   set_seed(11);

@@ -9,24 +9,17 @@
 
 #include <catch2/catch.hpp>
 
+#include "support.hpp"
 #include "xtrain/parallel/thread.hpp"
 #include "xtrain/xtrain.hpp"
 
 using namespace xtrain;
+using xtrain::test::fashion;
+using xtrain::test::head;
 namespace nn = xtrain::layers;
 using parallel::ThreadAllReduce;
 
 namespace {
-const data::Split& fashion() {
-  static const data::Split split = data::fashion_mnist("/usr/share/datasets/fashion-mnist");
-  return split;
-}
-data::TensorDataset head(const data::TensorDataset& d, std::size_t n) {
-  Matrix x({n, d.feature_count()});
-  std::copy_n(d.features().data(), n * d.feature_count(), x.data());
-  return data::TensorDataset(std::move(x), std::vector<std::int32_t>(d.labels().begin(), d.labels().begin() + n),
-                             d.num_classes(), d.source());
-}
 const data::TensorDataset& train3200() {
   static const auto d = head(fashion().train, 3200);
   return d;

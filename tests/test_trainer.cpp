@@ -6,23 +6,15 @@
 
 #include <catch2/catch.hpp>
 
+#include "support.hpp"
 #include "xtrain/xtrain.hpp"
 
 using namespace xtrain;
+using xtrain::test::fashion;
+using xtrain::test::head;
 namespace nn = xtrain::layers;
 
 namespace {
-const data::Split& fashion() {
-  static const data::Split split = data::fashion_mnist("/usr/share/datasets/fashion-mnist");
-  return split;
-}
-/// The first n samples of a data set.
-data::TensorDataset head(const data::TensorDataset& d, std::size_t n) {
-  Matrix x({n, d.feature_count()});
-  std::copy_n(d.features().data(), n * d.feature_count(), x.data());
-  return data::TensorDataset(std::move(x), std::vector<std::int32_t>(d.labels().begin(), d.labels().begin() + n),
-                             d.num_classes(), d.source());
-}
 auto simple_model(std::size_t hidden = 32) {
   return nn::Sequential{nn::Linear{784, hidden}, nn::BatchNorm1d{hidden}, nn::ReLU{}, nn::Linear{hidden, 10}};
 }
