@@ -35,6 +35,12 @@ class DataError : public Error {
   using Error::Error;
 };
 
+/// A checkpoint or model file cannot be written or read (message names the file and the problem).
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Formats a shape as `[32, 784]`.
 inline std::string shape_string(const std::vector<std::size_t>& shape) {
   std::string s = "[";

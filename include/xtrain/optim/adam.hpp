@@ -115,12 +115,14 @@ class AdamBase {
 /// Adam: `Adam{}.lr(1e-3f).betas(0.9f, 0.999f).eps(1e-8f).weight_decay(0.0f)` (PyTorch defaults).
 class Adam : public detail::AdamBase<Adam, false> {
  public:
+  static constexpr const char* name = "Adam";
   Adam() = default;
 };
 
 /// AdamW: as Adam but the weight decay is decoupled; PyTorch's default weight_decay is 0.01.
 class AdamW : public detail::AdamBase<AdamW, true> {
  public:
+  static constexpr const char* name = "AdamW";
   AdamW() : AdamBase(0.01f) {}
 };
 

@@ -15,6 +15,7 @@ namespace xtrain::optim {
 
 class SGD {
  public:
+  static constexpr const char* name = "SGD";
   /// Momentum buffer over the flat parameter buffer; empty until the first step (PyTorch's None).
   struct State {
     AlignedVector momentum_buffer;

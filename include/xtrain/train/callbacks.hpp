@@ -78,4 +78,29 @@ class CsvLogger {
   std::string path_;
 };
 
+/// Saves an automatic checkpoint (Trainer::save_checkpoint) every `steps` optimizer steps and/or
+/// every `epochs` epochs. Needs TrainerOptions::project_dir.
+class CheckpointEvery {
+ public:
+  CheckpointEvery& steps(std::size_t n) {
+    steps_ = n;
+    return *this;
+  }
+  CheckpointEvery& epochs(std::size_t n) {
+    epochs_ = n;
+    return *this;
+  }
+  template <class Trainer>
+  void on_step_end(Trainer& trainer, const StepResult& r) {
+    if (steps_ && r.step % steps_ == 0) trainer.save_checkpoint();
+  }
+  template <class Trainer>
+  void on_epoch_end(Trainer& trainer, const EpochMetrics& m) {
+    if (epochs_ && m.epoch % epochs_ == 0) trainer.save_checkpoint();
+  }
+
+ private:
+  std::size_t steps_ = 0, epochs_ = 0;
+};
+
 }  // namespace xtrain::callbacks

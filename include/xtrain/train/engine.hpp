@@ -127,6 +127,16 @@ class Engine {
     return true;
   }
 
+  /// Restores the step count, the seed of data order and dropout, and the schedule (resume).
+  /// Requires: no accumulation window open.
+  void restore(std::uint64_t step, std::uint64_t seed, const optim::LrSchedule& schedule) {
+    step_ = step;
+    options_.seed = seed;
+    options_.schedule = schedule;
+  }
+  /// True between the micro-steps of an accumulation window (a checkpoint must not be taken then).
+  bool in_accumulation_window() const noexcept { return micro_ != 0; }
+
   /// Whether the next micro-step ends the accumulation window.
   bool sync_next() const noexcept { return micro_ + 1 == options_.accumulate; }
 

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "xtrain/core/error.hpp"
 #include "xtrain/optim/schedule.hpp"
@@ -91,6 +92,17 @@ class TrainerOptions {
     deterministic_chunk_ = chunk;
     return *this;
   }
+  /// Folder of automatically named checkpoints: project_dir/checkpoints/checkpoint_N
+  /// (Accelerate's ProjectConfiguration). Default "" (save_checkpoint() then refuses).
+  TrainerOptions& project_dir(std::string dir) {
+    project_dir_ = std::move(dir);
+    return *this;
+  }
+  /// Keep at most this many automatic checkpoints, deleting the oldest. 0 (default): keep all.
+  TrainerOptions& total_limit(std::size_t n) {
+    total_limit_ = n;
+    return *this;
+  }
   /// Print one line per epoch (and a progress bar on a terminal). Default true.
   TrainerOptions& verbose(bool v) {
     verbose_ = v;
@@ -112,11 +124,15 @@ class TrainerOptions {
   float clip_grad_value() const noexcept { return clip_value_; }
   std::size_t bucket_bytes() const noexcept { return bucket_bytes_; }
   std::size_t deterministic() const noexcept { return deterministic_chunk_; }
+  const std::string& project_dir() const noexcept { return project_dir_; }
+  std::size_t total_limit() const noexcept { return total_limit_; }
 
  private:
   std::size_t batch_size_ = 32, epochs_ = 10, eval_batch_size_ = 1024;
   std::size_t global_batch_size_ = 0, accumulate_ = 1, bucket_bytes_ = 25u << 20, deterministic_chunk_ = 0;
   bool scale_lr_ = false;
+  std::string project_dir_;
+  std::size_t total_limit_ = 0;
   double clip_norm_ = 0.0;
   float clip_value_ = 0.0f;
   std::uint64_t seed_ = 42;

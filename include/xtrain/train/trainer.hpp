@@ -4,14 +4,19 @@
 /// classification model with cross-entropy loss, on one process or data-parallel over ranks.
 /// Policies are template parameters; sizes, options and callbacks are run-time values.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "xtrain/backend/cpu.hpp"
+#include "xtrain/checkpoint/archive.hpp"
+#include "xtrain/checkpoint/state.hpp"
 #include "xtrain/core/concepts.hpp"
 #include "xtrain/data/dataset.hpp"
 #include "xtrain/data/loader.hpp"
@@ -71,10 +76,12 @@ class Trainer {
       engine_.reset_comm_stats();
       train::ProgressBar bar(options_.verbose() && is_main_process());
       const std::string label = "Epoch [" + std::to_string(epoch) + "/" + std::to_string(epochs) + "]";
-      double sums[3] = {0.0, 0.0, 0.0};  // loss sum, correct, samples (this rank)
+      double* sums = epoch_sums_;  // loss sum, correct, samples (this rank; resumed ones on rank 0)
       const auto start = clock::now();
       const std::size_t batches = loader.batches();
-      for (std::size_t k = 0; k < batches; ++k) {
+      XTRAIN_CHECK(batch_in_epoch_ <= batches, ValueError, "resumed at batch ", batch_in_epoch_, " of an epoch of ",
+                   batches, " (another data set than the checkpoint's?)");
+      for (std::size_t k = batch_in_epoch_; k < batches; ++k) {  // a resumed epoch skips in O(1)
         const data::Batch batch = loader.batch(k);
         const std::uint64_t before = engine_.step();
         [[maybe_unused]] StepResult r =
@@ -82,6 +89,7 @@ class Trainer {
         sums[0] += engine_.last_loss_sum();
         sums[1] += static_cast<double>(engine_.last_correct());
         sums[2] += static_cast<double>(batch.y.size());
+        batch_in_epoch_ = k + 1;
         if (engine_.step() != before) (callbacks::on_step_end(callbacks, *this, r), ...);
         if (bar.active()) {
           const double s = seconds_since(start);
@@ -94,13 +102,15 @@ class Trainer {
       const auto& stats = engine_.comm_stats();
       m.comm_wait_seconds = stats.waiting_seconds;
       m.comm_overlap_seconds = stats.overlap_seconds;
-      communicator().allreduce_sum(std::span<double>(sums), "epoch training metrics");
+      communicator().allreduce_sum(std::span<double>(sums, 3), "epoch training metrics");
       m.epoch = epoch;
       m.epochs = epochs;
       m.train = {sums[0] / sums[2], 100.0 * sums[1] / sums[2], static_cast<std::size_t>(sums[2])};
       m.samples_per_second = sums[2] / m.seconds;
       m.test = evaluate(test);
       ++epoch_;
+      batch_in_epoch_ = 0;
+      std::fill(epoch_sums_, epoch_sums_ + 3, 0.0);
       if (options_.verbose()) print_epoch(m);
       history.epochs.push_back(m);
       (callbacks::on_epoch_end(callbacks, *this, m), ...);
@@ -137,6 +147,118 @@ class Trainer {
   StepResult train_step(const Matrix& x, std::span<const std::int32_t> y, std::size_t global_offset,
                         std::size_t global_count) {
     return engine_.micro_step(x, y, global_offset, global_count);
+  }
+
+  /// Saves the whole training state to `dir`/state.xtrain (atomically). Collective: every rank
+  /// calls it; rank 0 writes. Rank 0's BatchNorm statistics are saved (broadcast first).
+  void save_state(const std::string& dir) {
+    XTRAIN_CHECK(!engine_.in_accumulation_window(), ValueError,
+                 "save_state: called between the micro-steps of an accumulation window; save after an optimizer step");
+    engine_.broadcast_buffers();
+    checkpoint::Progress p;
+    p.step = engine_.step();
+    p.epoch = epoch_;
+    p.samples_in_epoch = batch_in_epoch_ * global_batch_size();
+    p.global_batch = global_batch_size();
+    p.data_seed = options_.seed();
+    std::copy(epoch_sums_, epoch_sums_ + 3, p.epoch_sums);
+    communicator().allreduce_sum(std::span<double>(p.epoch_sums, 3), "checkpoint metric sums");
+    std::string error;
+    if (is_main_process()) try {
+        std::filesystem::create_directories(dir);
+        checkpoint::write_atomic(
+            dir + "/" + state_file,
+            checkpoint::encode(model(), params(), optimizer(), optimizer_state(), options_.schedule(), p, registered_));
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    communicator().broadcast(error, "checkpoint save status");
+    if (!error.empty()) throw checkpoint::CheckpointError(error);
+  }
+
+  /// Restores the training state saved in `dir` (by save_state or save_checkpoint), on any number
+  /// of ranks: fit() then continues where it stopped, mid-epoch included. Collective.
+  void load_state(const std::string& dir) {
+    const std::string path = dir + "/" + state_file;
+    std::string payload;
+    if (is_main_process()) try {
+        payload = "ok" + checkpoint::read_verified(path);
+      } catch (const std::exception& e) {
+        payload = std::string("error") + e.what();
+      }
+    communicator().broadcast(payload, "checkpoint load");
+    if (payload.rfind("error", 0) == 0) throw checkpoint::CheckpointError(payload.substr(5));
+    optim::LrSchedule schedule = options_.schedule();
+    const checkpoint::Progress p = checkpoint::decode<Model, Optimizer>(payload.substr(2), path, model(), params(),
+                                                                        optimizer_state(), schedule, registered_);
+    XTRAIN_CHECK(p.samples_in_epoch % global_batch_size() == 0, checkpoint::CheckpointError, path, ": saved after ",
+                 p.samples_in_epoch, " samples of an epoch, not a multiple of this run's global batch ",
+                 global_batch_size(), " (resume with a global batch that divides it)");
+    options_.seed(p.data_seed).schedule(schedule);
+    engine_.restore(p.step, p.data_seed, schedule);
+    epoch_ = p.epoch;
+    batch_in_epoch_ = p.samples_in_epoch / global_batch_size();
+    std::fill(epoch_sums_, epoch_sums_ + 3, 0.0);
+    if (is_main_process()) std::copy(p.epoch_sums, p.epoch_sums + 3, epoch_sums_);
+  }
+
+  /// Saves to project_dir/checkpoints/checkpoint_N (N one more than the newest), written as
+  /// checkpoint_N.tmp and renamed, so a crash never leaves a checkpoint that looks complete;
+  /// then deletes the oldest beyond total_limit. Returns the folder. Collective.
+  std::string save_checkpoint() {
+    XTRAIN_CHECK(!options_.project_dir().empty(), ValueError,
+                 "save_checkpoint: set TrainerOptions::project_dir (or call save_state(dir))");
+    const std::filesystem::path root = std::filesystem::path(options_.project_dir()) / "checkpoints";
+    std::vector<std::size_t> existing = checkpoint_numbers(root);
+    const std::size_t n = existing.empty() ? 0 : existing.back() + 1;
+    const std::filesystem::path final_dir = root / ("checkpoint_" + std::to_string(n));
+    const std::filesystem::path tmp_dir = root / ("checkpoint_" + std::to_string(n) + ".tmp");
+    if (is_main_process()) {
+      std::filesystem::create_directories(root);
+      for (const auto& entry : std::filesystem::directory_iterator(root))  // leftovers of a crashed save
+        if (entry.path().extension() == ".tmp") std::filesystem::remove_all(entry.path());
+      XTRAIN_CHECK(!std::filesystem::exists(final_dir), checkpoint::CheckpointError, final_dir.string(),
+                   " already exists; refusing to overwrite it");
+    }
+    save_state(tmp_dir.string());
+    std::string error;
+    if (is_main_process()) try {
+        std::filesystem::rename(tmp_dir, final_dir);
+        checkpoint::detail::fsync_path(root.string(), O_RDONLY | O_DIRECTORY);
+        existing.push_back(n);
+        while (options_.total_limit() > 0 && existing.size() > options_.total_limit()) {
+          std::filesystem::remove_all(root / ("checkpoint_" + std::to_string(existing.front())));
+          existing.erase(existing.begin());
+        }
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    communicator().broadcast(error, "checkpoint rename status");
+    if (!error.empty()) throw checkpoint::CheckpointError(error);
+    return final_dir.string();
+  }
+
+  /// Loads "latest" (the newest complete checkpoint under project_dir/checkpoints) or a folder.
+  /// Returns the folder loaded. Collective.
+  std::string resume(const std::string& which) {
+    std::string dir = which;
+    if (which == "latest") {
+      const std::filesystem::path root = std::filesystem::path(options_.project_dir()) / "checkpoints";
+      const auto existing = checkpoint_numbers(root);
+      XTRAIN_CHECK(!existing.empty(), checkpoint::CheckpointError, "resume latest: no checkpoint in ", root.string());
+      dir = (root / ("checkpoint_" + std::to_string(existing.back()))).string();
+    }
+    load_state(dir);
+    return dir;
+  }
+
+  /// Saves and restores `object` (anything with serialize(Archive&, unsigned)) with the training
+  /// state, in registration order (Accelerate's register_for_checkpointing). It must outlive the
+  /// Trainer's saves and loads.
+  template <class T>
+  void register_for_checkpointing(T& object) {
+    registered_.push_back({[&object](boost::archive::binary_oarchive& ar) { ar << object; },
+                           [&object](boost::archive::binary_iarchive& ar) { ar >> object; }});
   }
 
   /// Ends fit() after the current epoch (for callbacks).
@@ -195,10 +317,30 @@ class Trainer {
     std::fflush(stdout);
   }
 
+  /// The complete checkpoints (checkpoint_N folders, not .tmp) under `root`, by N.
+  static std::vector<std::size_t> checkpoint_numbers(const std::filesystem::path& root) {
+    std::vector<std::size_t> n;
+    if (!std::filesystem::exists(root)) return n;
+    for (const auto& entry : std::filesystem::directory_iterator(root)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("checkpoint_", 0) != 0 || name.find_first_not_of("0123456789", 11) != std::string::npos ||
+          name.size() == 11 || !std::filesystem::exists(entry.path() / state_file))
+        continue;
+      n.push_back(std::stoul(name.substr(11)));
+    }
+    std::sort(n.begin(), n.end());
+    return n;
+  }
+
+  static constexpr const char* state_file = "state.xtrain";
+
   TrainerOptions options_;
   std::size_t world_;
   Engine<Model, Optimizer, Communicator> engine_;
   std::uint64_t epoch_ = 0;
+  std::size_t batch_in_epoch_ = 0;          // next batch of the current epoch
+  double epoch_sums_[3] = {0.0, 0.0, 0.0};  // this rank's running loss sum, correct, samples
+  std::vector<checkpoint::Registered> registered_;
   bool stop_requested_ = false;
 };
 

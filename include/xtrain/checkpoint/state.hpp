@@ -1,0 +1,189 @@
+#pragma once
+/// \file state.hpp
+/// The training state a checkpoint holds, independent of the number of ranks: parameters and
+/// buffers by name and shape, the optimizer state, the LR schedule, the step, the epoch and the
+/// position in it, the epoch's running metric sums, the RNG counters, the data order seed, user
+/// objects registered for checkpointing, and signatures of the model and of the configuration.
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <boost/archive/binary_iarchive.hpp>
+#include <boost/archive/binary_oarchive.hpp>
+#include <boost/serialization/nvp.hpp>
+#include <boost/serialization/string.hpp>
+#include <boost/serialization/utility.hpp>
+#include <boost/serialization/vector.hpp>
+
+#include "xtrain/checkpoint/archive.hpp"
+#include "xtrain/core/param_arena.hpp"
+#include "xtrain/core/rng.hpp"
+#include "xtrain/version.hpp"
+
+namespace xtrain::checkpoint {
+
+using boost::serialization::make_nvp;
+
+/// A float tensor by name (parameters, float buffers).
+struct NamedTensor {
+  std::string name;
+  std::vector<std::uint64_t> shape;
+  std::vector<float> values;
+  template <class Archive>
+  void serialize(Archive& ar, unsigned) {
+    ar& make_nvp("name", name);
+    ar& make_nvp("shape", shape);
+    ar& make_nvp("values", values);
+  }
+};
+
+/// Where training stands: enough to continue bit-exactly.
+struct Progress {
+  std::uint64_t step = 0;              ///< optimizer steps taken
+  std::uint64_t epoch = 0;             ///< completed epochs
+  std::uint64_t samples_in_epoch = 0;  ///< samples of the current epoch already trained on
+  std::uint64_t global_batch = 0;      ///< samples per global step when saved
+  std::uint64_t data_seed = 0;         ///< seed of the data order and dropout
+  double epoch_sums[3] = {0, 0, 0};    ///< loss sum, correct, samples of the current epoch (all ranks)
+  template <class Archive>
+  void serialize(Archive& ar, unsigned) {
+    ar& make_nvp("step", step);
+    ar& make_nvp("epoch", epoch);
+    ar& make_nvp("samples_in_epoch", samples_in_epoch);
+    ar& make_nvp("global_batch", global_batch);
+    ar& make_nvp("data_seed", data_seed);
+    ar& make_nvp("epoch_sums", epoch_sums);
+  }
+};
+
+/// An object saved with the training state: anything with `serialize(Archive&, unsigned)`.
+struct Registered {
+  std::function<void(boost::archive::binary_oarchive&)> save;
+  std::function<void(boost::archive::binary_iarchive&)> load;
+};
+
+/// "name shape" per parameter, then per buffer: what a checkpoint must match to be loaded.
+template <class Model>
+std::vector<std::string> model_signature(Model& model, const ParamArena& arena) {
+  std::vector<std::string> sig;
+  for (const auto& e : arena.entries()) sig.push_back(e.name + " f32 " + shape_string(e.shape));
+  if constexpr (HasBuffers<Model>)
+    model.visit_buffers(std::string{}, [&](const std::string& name, auto&& buffer) {
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, std::span<float>>)
+        sig.push_back(name + " f32 [" + std::to_string(buffer.size()) + "]");
+      else
+        sig.push_back(name + " i64 []");
+    });
+  return sig;
+}
+
+/// Serialises the state. Requires: called identically on every rank (the bytes are rank 0's).
+template <class Model, class Optimizer>
+std::string encode(Model& model, ParamArena& arena, const Optimizer& optimizer, typename Optimizer::State& state,
+                   const optim::LrSchedule& schedule, const Progress& progress,
+                   const std::vector<Registered>& objects) {
+  std::ostringstream os(std::ios::binary);
+  {
+    boost::archive::binary_oarchive ar(os, boost::archive::no_header);
+    std::string library = version_string, optimizer_name = Optimizer::name;
+    ar << make_nvp("library", library);
+    std::vector<std::string> signature = model_signature(model, arena);
+    ar << make_nvp("model", signature);
+    ar << make_nvp("optimizer", optimizer_name);
+    float lr = optimizer.learning_rate();
+    ar << make_nvp("base_lr", lr);
+    std::vector<NamedTensor> params;
+    for (const auto& e : arena.entries()) {
+      auto v = arena.values(e);
+      params.push_back({e.name, {e.shape.begin(), e.shape.end()}, {v.begin(), v.end()}});
+    }
+    ar << make_nvp("params", params);
+    std::vector<NamedTensor> buffers;
+    std::vector<std::pair<std::string, std::int64_t>> counters;
+    if constexpr (HasBuffers<Model>)
+      model.visit_buffers(std::string{}, [&](const std::string& name, auto&& buffer) {
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, std::span<float>>)
+          buffers.push_back({name, {buffer.size()}, {buffer.begin(), buffer.end()}});
+        else
+          counters.emplace_back(name, buffer);
+      });
+    ar << make_nvp("buffers", buffers);
+    ar << make_nvp("counters", counters);
+    ar << make_nvp("optimizer_state", state);
+    optim::LrSchedule s = schedule;
+    ar << make_nvp("schedule", s);
+    Progress p = progress;
+    ar << make_nvp("progress", p);
+    Generator g = default_generator();
+    ar << make_nvp("default_generator", g);
+    for (const auto& o : objects) o.save(ar);
+  }
+  return os.str();
+}
+
+/// Restores the state from `payload`; `source` names the file in errors. Throws CheckpointError
+/// when the checkpoint belongs to another model or optimizer.
+template <class Model, class Optimizer>
+Progress decode(const std::string& payload, const std::string& source, Model& model, ParamArena& arena,
+                typename Optimizer::State& state, optim::LrSchedule& schedule, const std::vector<Registered>& objects) {
+  std::istringstream is(payload, std::ios::binary);
+  Progress progress;
+  try {
+    boost::archive::binary_iarchive ar(is, boost::archive::no_header);
+    std::string library, optimizer_name;
+    std::vector<std::string> signature;
+    float base_lr = 0;
+    ar >> make_nvp("library", library);
+    ar >> make_nvp("model", signature);
+    const std::vector<std::string> mine = model_signature(model, arena);
+    for (std::size_t i = 0; i < std::max(signature.size(), mine.size()); ++i) {
+      const std::string a = i < signature.size() ? signature[i] : "(nothing)",
+                        b = i < mine.size() ? mine[i] : "(nothing)";
+      XTRAIN_CHECK(a == b, CheckpointError, source, ": saved for another model: the checkpoint has '", a,
+                   "' where this model has '", b, "'");
+    }
+    ar >> make_nvp("optimizer", optimizer_name);
+    XTRAIN_CHECK(optimizer_name == Optimizer::name, CheckpointError, source, ": saved with optimizer ", optimizer_name,
+                 ", this trainer uses ", Optimizer::name);
+    ar >> make_nvp("base_lr", base_lr);
+    std::vector<NamedTensor> params, buffers;
+    std::vector<std::pair<std::string, std::int64_t>> counters;
+    ar >> make_nvp("params", params);
+    ar >> make_nvp("buffers", buffers);
+    ar >> make_nvp("counters", counters);
+    for (std::size_t i = 0; i < params.size(); ++i) {  // names and shapes checked by the signature
+      const std::vector<float>& saved = params[i].values;
+      std::copy(saved.begin(), saved.end(), arena.values(arena.entries()[i]).begin());
+    }
+    std::size_t fi = 0, ci = 0;
+    if constexpr (HasBuffers<Model>)
+      model.visit_buffers(std::string{}, [&](const std::string&, auto&& buffer) {
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, std::span<float>>) {
+          const std::vector<float>& saved = buffers[fi++].values;  // sizes checked by the signature
+          std::copy(saved.begin(), saved.end(), buffer.begin());
+        } else {
+          buffer = counters[ci++].second;
+        }
+      });
+    typename Optimizer::State loaded;
+    ar >> make_nvp("optimizer_state", loaded);
+    state = std::move(loaded);
+    ar >> make_nvp("schedule", schedule);
+    ar >> make_nvp("progress", progress);
+    Generator g;
+    ar >> make_nvp("default_generator", g);
+    default_generator() = g;
+    for (const auto& o : objects) o.load(ar);
+  } catch (const boost::archive::archive_exception& e) {
+    throw CheckpointError(source + ": unreadable training state (" + e.what() +
+                          "); was it saved with other registered objects?");
+  }
+  return progress;
+}
+
+}  // namespace xtrain::checkpoint
