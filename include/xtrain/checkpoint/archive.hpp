@@ -14,7 +14,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 
 #include <zlib.h>
 
@@ -71,21 +73,15 @@ inline void fsync_path(const std::string& path, int flags) {
 }
 }  // namespace detail
 
-/// Writes header + payload to `path` so that a crash leaves either the old file or the new one,
-/// never a torn one: writes `path.tmp`, fsyncs it, renames it over `path`, fsyncs the directory.
-inline void write_atomic(const std::string& path, const std::string& payload) {
-  std::string header(file_magic, 8);
-  detail::put_u32(header, format_version);
-  detail::put_u32(header, detail::byte_order_probe());
-  detail::put_u32(header, detail::type_sizes());
-  detail::put_u64(header, payload.size());
-  detail::put_u32(header, detail::crc32_of(payload));
+/// Writes `parts` one after the other to `path` so that a crash leaves either the old file or the
+/// new one, never a torn one: writes `path.tmp`, fsyncs it, renames it over `path`, fsyncs the
+/// directory.
+inline void write_file_atomic(const std::string& path, std::initializer_list<std::string_view> parts) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     XTRAIN_CHECK(out.good(), CheckpointError, tmp, ": cannot create (", std::strerror(errno), ")");
-    out.write(header.data(), static_cast<std::streamsize>(header.size()));
-    out.write(payload.data(), static_cast<std::streamsize>(payload.size()));
+    for (const auto part : parts) out.write(part.data(), static_cast<std::streamsize>(part.size()));
     out.flush();
     XTRAIN_CHECK(out.good(), CheckpointError, tmp, ": write failed (disk full?)");
   }
@@ -94,6 +90,17 @@ inline void write_atomic(const std::string& path, const std::string& payload) {
                std::strerror(errno), ")");
   const std::string dir = std::filesystem::path(path).parent_path().string();
   detail::fsync_path(dir.empty() ? "." : dir, O_RDONLY | O_DIRECTORY);
+}
+
+/// Writes a checkpoint file: the header (with the payload's CRC-32) and the payload, atomically.
+inline void write_atomic(const std::string& path, const std::string& payload) {
+  std::string header(file_magic, 8);
+  detail::put_u32(header, format_version);
+  detail::put_u32(header, detail::byte_order_probe());
+  detail::put_u32(header, detail::type_sizes());
+  detail::put_u64(header, payload.size());
+  detail::put_u32(header, detail::crc32_of(payload));
+  write_file_atomic(path, {header, payload});
 }
 
 /// Reads `path` and returns its payload after checking every header field and the CRC-32.

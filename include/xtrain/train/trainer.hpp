@@ -16,6 +16,7 @@
 
 #include "xtrain/backend/cpu.hpp"
 #include "xtrain/checkpoint/archive.hpp"
+#include "xtrain/checkpoint/safetensors.hpp"
 #include "xtrain/checkpoint/state.hpp"
 #include "xtrain/core/concepts.hpp"
 #include "xtrain/data/dataset.hpp"
@@ -259,6 +260,38 @@ class Trainer {
   void register_for_checkpointing(T& object) {
     registered_.push_back({[&object](boost::archive::binary_oarchive& ar) { ar << object; },
                            [&object](boost::archive::binary_iarchive& ar) { ar >> object; }});
+  }
+
+  /// Exports the model (parameters and buffers, rank 0's BatchNorm statistics) as safetensors
+  /// with PyTorch's state_dict names; shards when larger than max_shard_bytes (0: never).
+  /// Collective: rank 0 writes. Returns the files written (on rank 0).
+  std::vector<std::string> save_model(const std::string& path, std::uint64_t max_shard_bytes = 0) {
+    engine_.broadcast_buffers();
+    std::vector<std::string> files;
+    std::string error;
+    if (is_main_process()) try {
+        files = checkpoint::save_model(model(), params(), path, max_shard_bytes);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    communicator().broadcast(error, "save_model status");
+    if (!error.empty()) throw CheckpointError(error);
+    return files;
+  }
+
+  /// Loads parameters and buffers from a safetensors file (or shards' .index.json), ours or
+  /// PyTorch's, on rank 0, and broadcasts them. Collective.
+  void load_model(const std::string& path) {
+    std::string error;
+    if (is_main_process()) try {
+        checkpoint::load_model(model(), params(), path);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    communicator().broadcast(error, "load_model status");
+    if (!error.empty()) throw CheckpointError(error);
+    communicator().broadcast(params().values(), "load_model parameters");
+    engine_.broadcast_buffers();
   }
 
   /// Ends fit() after the current epoch (for callbacks).

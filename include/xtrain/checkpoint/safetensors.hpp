@@ -1,0 +1,244 @@
+#pragma once
+/// \file safetensors.hpp
+/// Model export and import in the safetensors format (8-byte little-endian header length, a JSON
+/// header of {name: {dtype, shape, data_offsets}}, then the raw little-endian data), one file or
+/// shards plus `<name>.index.json` as HuggingFace writes them. Names are those of PyTorch's
+/// state_dict of the same nn.Sequential ("0.weight", "1.running_mean", ...), so PyTorch's
+/// load_state_dict and NumPy read our files, and we read theirs.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "xtrain/checkpoint/archive.hpp"
+#include "xtrain/checkpoint/json.hpp"
+#include "xtrain/core/concepts.hpp"
+#include "xtrain/core/param_arena.hpp"
+
+namespace xtrain::checkpoint {
+
+/// One tensor to write: name, dtype ("F32" or "I64"), shape, raw little-endian bytes.
+struct TensorBytes {
+  std::string name, dtype;
+  std::vector<std::uint64_t> shape;
+  std::string bytes;
+};
+
+/// Every parameter (F32) and buffer (F32, num_batches_tracked I64) of `model`, by state_dict name.
+template <class Model>
+std::vector<TensorBytes> state_dict(Model& model, ParamArena& arena) {
+  static_assert(std::endian::native == std::endian::little, "safetensors export assumes a little-endian host");
+  std::vector<TensorBytes> out;
+  for (const auto& e : arena.entries()) {
+    auto v = arena.values(e);
+    out.push_back({e.name,
+                   "F32",
+                   {e.shape.begin(), e.shape.end()},
+                   std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float))});
+  }
+  if constexpr (HasBuffers<Model>)
+    model.visit_buffers(std::string{}, [&](const std::string& name, auto&& buffer) {
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, std::span<float>>)
+        out.push_back({name,
+                       "F32",
+                       {buffer.size()},
+                       std::string(reinterpret_cast<const char*>(buffer.data()), buffer.size() * sizeof(float))});
+      else
+        out.push_back({name, "I64", {}, std::string(reinterpret_cast<const char*>(&buffer), sizeof(std::int64_t))});
+    });
+  return out;
+}
+
+/// Writes `tensors` as one safetensors file at `path` (atomically).
+inline void write_safetensors(const std::string& path, const std::vector<TensorBytes>& tensors) {
+  std::string header = "{";
+  std::uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    header += json::quote(t.name) + ":{\"dtype\":\"" + t.dtype + "\",\"shape\":[";
+    for (std::size_t i = 0; i < t.shape.size(); ++i) header += (i ? "," : "") + std::to_string(t.shape[i]);
+    header += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + t.bytes.size()) + "]},";
+    offset += t.bytes.size();
+  }
+  header += "\"__metadata__\":{\"format\":\"pt\"}}";
+  while (header.size() % 8) header += ' ';  // data starts 8-byte aligned
+  std::string length(8, '\0');
+  for (int i = 0; i < 8; ++i)
+    length[static_cast<std::size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xFF);
+  std::string data;
+  data.reserve(offset);
+  for (const auto& t : tensors) data += t.bytes;
+  write_file_atomic(path, {length, header, data});
+}
+
+/// Writes the model to `path` (".safetensors"). If max_shard_bytes > 0 and the model is larger,
+/// writes shards `<stem>-00001-of-0000N.safetensors` beside it and `<path>.index.json` instead.
+/// Returns the files written.
+template <class Model>
+std::vector<std::string> save_model(Model& model, ParamArena& arena, const std::string& path,
+                                    std::uint64_t max_shard_bytes = 0) {
+  const std::vector<TensorBytes> tensors = state_dict(model, arena);
+  std::uint64_t total = 0;
+  for (const auto& t : tensors) total += t.bytes.size();
+  const std::filesystem::path p(path);
+  if (!p.parent_path().empty()) std::filesystem::create_directories(p.parent_path());
+  if (max_shard_bytes == 0 || total <= max_shard_bytes) {
+    write_safetensors(path, tensors);
+    return {path};
+  }
+  std::vector<std::vector<TensorBytes>> shards(1);
+  std::uint64_t in_shard = 0;
+  for (const auto& t : tensors) {
+    if (in_shard > 0 && in_shard + t.bytes.size() > max_shard_bytes) shards.emplace_back(), in_shard = 0;
+    shards.back().push_back(t);
+    in_shard += t.bytes.size();
+  }
+  char suffix[32];
+  std::vector<std::string> files;
+  std::string map;
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    std::snprintf(suffix, sizeof suffix, "-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+    const std::string name = p.stem().string() + suffix;
+    const std::string file = (p.parent_path() / name).string();
+    write_safetensors(file, shards[s]);
+    files.push_back(file);
+    for (const auto& t : shards[s]) map += (map.empty() ? "" : ",") + json::quote(t.name) + ":" + json::quote(name);
+  }
+  const std::string index =
+      "{\"metadata\":{\"total_size\":" + std::to_string(total) + "},\"weight_map\":{" + map + "}}\n";
+  write_file_atomic(path + ".index.json", {index});
+  files.push_back(path + ".index.json");
+  return files;
+}
+
+/// A parsed safetensors file: the bytes and, per tensor, its dtype, shape and byte range.
+struct SafetensorsFile {
+  struct Entry {
+    std::string name, dtype;
+    std::vector<std::uint64_t> shape;
+    std::uint64_t begin = 0, end = 0;  ///< in `bytes`
+  };
+  std::string path;
+  std::string bytes;
+  std::vector<Entry> entries;
+};
+
+/// Parses `path`; throws CheckpointError naming the file for a short file, a bad header, or
+/// offsets outside the data or inconsistent with dtype and shape.
+inline SafetensorsFile read_safetensors(const std::string& path) {
+  SafetensorsFile f;
+  f.path = path;
+  std::ifstream in(path, std::ios::binary);
+  XTRAIN_CHECK(in.good(), CheckpointError, path, ": cannot open (", std::strerror(errno), ")");
+  f.bytes.assign(std::istreambuf_iterator<char>(in), {});
+  XTRAIN_CHECK(f.bytes.size() >= 8, CheckpointError, path, ": not a safetensors file (shorter than 8 bytes)");
+  std::uint64_t n = 0;
+  for (int i = 0; i < 8; ++i)
+    n |= static_cast<std::uint64_t>(static_cast<unsigned char>(f.bytes[static_cast<std::size_t>(i)])) << (8 * i);
+  XTRAIN_CHECK(n <= f.bytes.size() - 8, CheckpointError, path, ": header length ", n, " exceeds the file (",
+               f.bytes.size(), " bytes)");
+  const json::Value header = json::Parser(std::string_view(f.bytes).substr(8, n), path).parse();
+  XTRAIN_CHECK(header.kind == json::Value::Kind::object, CheckpointError, path, ": the header is not a JSON object");
+  const std::uint64_t data_start = 8 + n, data_size = f.bytes.size() - data_start;
+  for (const auto& [name, v] : header.object) {
+    if (name == "__metadata__") continue;
+    const json::Value *dtype = v.find("dtype"), *shape = v.find("shape"), *offsets = v.find("data_offsets");
+    XTRAIN_CHECK(dtype && shape && offsets && dtype->kind == json::Value::Kind::string &&
+                     shape->kind == json::Value::Kind::array && offsets->kind == json::Value::Kind::array &&
+                     offsets->array.size() == 2,
+                 CheckpointError, path, ": tensor '", name, "' lacks dtype, shape or data_offsets");
+    SafetensorsFile::Entry e{name, dtype->string, {}, 0, 0};
+    std::uint64_t count = 1;
+    for (const auto& d : shape->array) {
+      XTRAIN_CHECK(d.kind == json::Value::Kind::number && d.number >= 0, CheckpointError, path, ": tensor '", name,
+                   "' has a bad shape");
+      e.shape.push_back(static_cast<std::uint64_t>(d.number));
+      count *= e.shape.back();
+    }
+    const std::uint64_t b = static_cast<std::uint64_t>(offsets->array[0].number),
+                        end = static_cast<std::uint64_t>(offsets->array[1].number);
+    XTRAIN_CHECK(b <= end && end <= data_size, CheckpointError, path, ": tensor '", name, "' has data_offsets [", b,
+                 ", ", end, "] outside the ", data_size, " data bytes (truncated file?)");
+    const std::uint64_t item = e.dtype == "F64" || e.dtype == "I64"    ? 8
+                               : e.dtype == "F32" || e.dtype == "I32"  ? 4
+                               : e.dtype == "F16" || e.dtype == "BF16" ? 2
+                                                                       : 1;
+    XTRAIN_CHECK(end - b == count * item, CheckpointError, path, ": tensor '", name, "' has ", end - b, " bytes for ",
+                 e.dtype, " ", shape_string({e.shape.begin(), e.shape.end()}));
+    e.begin = data_start + b;
+    e.end = data_start + end;
+    f.entries.push_back(std::move(e));
+  }
+  return f;
+}
+
+/// Loads `path` (a .safetensors file, or the .index.json of shards) into the model, strictly:
+/// every parameter and buffer must be present with its shape, and nothing else. F32 and F64
+/// tensors load into fp32 parameters; I64 (num_batches_tracked) into counters.
+template <class Model>
+void load_model(Model& model, ParamArena& arena, const std::string& path) {
+  std::vector<SafetensorsFile> files;
+  if (path.size() > 11 && path.ends_with(".index.json")) {
+    std::ifstream in(path);
+    XTRAIN_CHECK(in.good(), CheckpointError, path, ": cannot open (", std::strerror(errno), ")");
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    const json::Value index = json::Parser(text, path).parse();
+    const json::Value* map = index.find("weight_map");
+    XTRAIN_CHECK(map && map->kind == json::Value::Kind::object, CheckpointError, path, ": no weight_map");
+    std::vector<std::string> names;
+    for (const auto& [tensor, file] : map->object)
+      if (std::find(names.begin(), names.end(), file.string) == names.end()) names.push_back(file.string);
+    for (const auto& name : names)
+      files.push_back(read_safetensors((std::filesystem::path(path).parent_path() / name).string()));
+  } else {
+    files.push_back(read_safetensors(path));
+  }
+  std::vector<std::string> used;
+  auto find = [&](const std::string& name) -> std::pair<const SafetensorsFile*, const SafetensorsFile::Entry*> {
+    for (const auto& f : files)
+      for (const auto& e : f.entries)
+        if (e.name == name) return {&f, &e};
+    throw CheckpointError(path + ": no tensor '" + name + "' (the model has it)");
+  };
+  auto load_floats = [&](const std::string& name, std::span<float> dst, const std::vector<std::size_t>& shape) {
+    const auto [f, e] = find(name);
+    used.push_back(name);
+    XTRAIN_CHECK(std::vector<std::size_t>(e->shape.begin(), e->shape.end()) == shape, CheckpointError, f->path,
+                 ": tensor '", name, "' has shape ", shape_string({e->shape.begin(), e->shape.end()}),
+                 ", the model expects ", shape_string(shape));
+    const char* src = f->bytes.data() + e->begin;
+    if (e->dtype == "F32")
+      std::memcpy(dst.data(), src, dst.size() * sizeof(float));
+    else if (e->dtype == "F64")
+      for (std::size_t i = 0; i < dst.size(); ++i) {
+        double d;
+        std::memcpy(&d, src + i * 8, 8);
+        dst[i] = static_cast<float>(d);
+      }
+    else
+      throw CheckpointError(f->path + ": tensor '" + name + "' has dtype " + e->dtype + " (F32 or F64 expected)");
+  };
+  for (const auto& e : arena.entries()) load_floats(e.name, arena.values(e), e.shape);
+  if constexpr (HasBuffers<Model>)
+    model.visit_buffers(std::string{}, [&](const std::string& name, auto&& buffer) {
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, std::span<float>>) {
+        load_floats(name, buffer, {buffer.size()});
+      } else {
+        const auto [f, e] = find(name);
+        used.push_back(name);
+        XTRAIN_CHECK(e->dtype == "I64" && e->end - e->begin == 8, CheckpointError, f->path, ": tensor '", name,
+                     "' must be a scalar I64");
+        std::memcpy(&buffer, f->bytes.data() + e->begin, 8);
+      }
+    });
+  for (const auto& f : files)
+    for (const auto& e : f.entries)
+      XTRAIN_CHECK(std::find(used.begin(), used.end(), e.name) != used.end(), CheckpointError, f.path, ": tensor '",
+                   e.name, "' is not a parameter or buffer of this model");
+}
+
+}  // namespace xtrain::checkpoint
