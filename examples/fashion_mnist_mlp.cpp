@@ -28,12 +28,16 @@ struct Flags {
   std::size_t global_batch = 0, accumulate = 1;
   bool scale_lr = false, sync_bn = false;
   double clip_norm = 0.0;
+  std::string project_dir, resume, export_path;
+  std::size_t checkpoint_every_steps = 0, total_limit = 0;
 };
 
 constexpr const char* usage =
     "usage: [mpirun -np P] fashion_mnist_mlp [--data DIR] [--epochs N] [--batch N | --global-batch N]\n"
     "           [--hidden N] [--activation relu|tanh|sigmoid|gelu|gelu_tanh] [--lr X] [--seed N]\n"
     "           [--scale-lr] [--sync-bn] [--accumulate K] [--clip-norm X]\n"
+    "           [--project-dir DIR [--checkpoint-every-steps K] [--total-limit L]] [--resume latest|DIR]\n"
+    "           [--export FILE.safetensors]\n"
     "  --data DIR        Fashion-MNIST IDX folder, or a folder with train_x.npy, train_y.npy,\n"
     "                    test_x.npy, test_y.npy (default /usr/share/datasets/fashion-mnist)\n"
     "  --epochs N        passes over the training set (default 10)\n"
@@ -46,7 +50,12 @@ constexpr const char* usage =
     "  --scale-lr        multiply the learning rate by P (linear scaling rule)\n"
     "  --sync-bn         BatchNorm statistics over all processes (SyncBatchNorm)\n"
     "  --accumulate K    micro-batches per optimizer step (default 1)\n"
-    "  --clip-norm X     clip the global gradient norm to X (default off)\n";
+    "  --clip-norm X     clip the global gradient norm to X (default off)\n"
+    "  --project-dir DIR save a checkpoint each epoch in DIR/checkpoints/checkpoint_N\n"
+    "  --checkpoint-every-steps K   also every K optimizer steps\n"
+    "  --total-limit L   keep only the newest L checkpoints\n"
+    "  --resume latest|DIR  continue from the newest checkpoint of --project-dir, or from DIR\n"
+    "  --export FILE     write the trained model as safetensors (PyTorch state_dict names)\n";
 
 [[noreturn]] void fail_usage(const std::string& message) {
   std::fprintf(stderr, "error: %s\n%s", message.c_str(), usage);
@@ -87,7 +96,26 @@ Flags parse(int argc, char** argv) {
       f.activation = value;
     else if (arg == "--seed")
       f.seed = parse_count(arg, value);
-    else if (arg == "--lr") {
+    else if (arg == "--global-batch")
+      f.global_batch = parse_count(arg, value);
+    else if (arg == "--accumulate")
+      f.accumulate = parse_count(arg, value);
+    else if (arg == "--project-dir")
+      f.project_dir = value;
+    else if (arg == "--checkpoint-every-steps")
+      f.checkpoint_every_steps = parse_count(arg, value);
+    else if (arg == "--total-limit")
+      f.total_limit = parse_count(arg, value);
+    else if (arg == "--resume")
+      f.resume = value;
+    else if (arg == "--export")
+      f.export_path = value;
+    else if (arg == "--clip-norm") {
+      char* end = nullptr;
+      f.clip_norm = std::strtod(value, &end);
+      if (*end != '\0' || !(f.clip_norm > 0.0))
+        fail_usage(std::string("--clip-norm expects a positive number, got '") + value + "'");
+    } else if (arg == "--lr") {
       char* end = nullptr;
       f.lr = std::strtof(value, &end);
       if (*end != '\0' || !(f.lr > 0.0f))
@@ -96,6 +124,9 @@ Flags parse(int argc, char** argv) {
       fail_usage(std::string("unknown option '") + argv[i - 1] + "'");
     }
   }
+  if (f.resume == "latest" && f.project_dir.empty()) fail_usage("--resume latest needs --project-dir");
+  if ((f.checkpoint_every_steps || f.total_limit) && f.project_dir.empty())
+    fail_usage("--checkpoint-every-steps and --total-limit need --project-dir");
   return f;
 }
 
@@ -123,7 +154,9 @@ int main(int argc, char** argv) {
                              .seed(flags.seed)
                              .scale_lr(flags.scale_lr)
                              .accumulate(flags.accumulate)
-                             .clip_grad_norm(flags.clip_norm);
+                             .clip_grad_norm(flags.clip_norm)
+                             .project_dir(flags.project_dir)
+                             .total_limit(flags.total_limit);
     if (main_process) {
       std::printf("xtrain %s | data %s: %zu train, %zu test, %zu features, %zu classes\n", xtrain::version_string,
                   flags.data.c_str(), train.size(), test.size(), train.feature_count(), train.num_classes());
@@ -139,12 +172,29 @@ int main(int argc, char** argv) {
           ranks == 1 ? "" : "es", xtrain::parallel::launch_info().launcher, trainer.global_batch_size(),
           flags.accumulate > 1 ? (" x " + std::to_string(flags.accumulate) + " accumulated").c_str() : "", flags.epochs,
           static_cast<unsigned long long>(flags.seed), xtrain::simd::arch_name());
-    const xtrain::History history = trainer.fit(train, test);
+    if (!flags.resume.empty()) {
+      const std::string from = trainer.resume(flags.resume);
+      if (main_process)
+        std::printf("Resumed from %s: %llu epochs and %llu steps done\n", from.c_str(),
+                    static_cast<unsigned long long>(trainer.epoch()), static_cast<unsigned long long>(trainer.step()));
+    }
+    const auto checkpoints = xtrain::callbacks::CheckpointEvery{}
+                                 .epochs(flags.project_dir.empty() ? 0 : 1)
+                                 .steps(flags.checkpoint_every_steps);
+    const xtrain::History history = trainer.fit(train, test, checkpoints);
+    if (!flags.export_path.empty()) trainer.save_model(flags.export_path);
+    if (history.epochs.empty()) {
+      if (main_process) std::printf("Nothing to train: the checkpoint already completed %zu epochs\n", flags.epochs);
+      return 0;
+    }
     if (main_process) {
       const auto& last = history.epochs.back();
       std::printf("Final Train Accuracy: %.2f%%\n", last.train.accuracy);
       std::printf("Final Test Accuracy: %.2f%%\n", last.test.accuracy);
       std::printf("Total Training Time: %.2f seconds\n", history.seconds);
+      if (!flags.export_path.empty()) std::printf("Exported the model to %s\n", flags.export_path.c_str());
+      if (!flags.project_dir.empty())
+        std::printf("Checkpoints in %s/checkpoints (continue with --resume latest)\n", flags.project_dir.c_str());
       if (ranks > 1)
         std::printf(
             "Gradient communication (last epoch): %zu bucket%s, %.3f s waiting, %.3f s overlapped with backward\n",

@@ -60,7 +60,10 @@ inline void write_safetensors(const std::string& path, const std::vector<TensorB
   std::uint64_t offset = 0;
   for (const auto& t : tensors) {
     header += json::quote(t.name) + ":{\"dtype\":\"" + t.dtype + "\",\"shape\":[";
-    for (std::size_t i = 0; i < t.shape.size(); ++i) header += (i ? "," : "") + std::to_string(t.shape[i]);
+    for (std::size_t i = 0; i < t.shape.size(); ++i) {
+      if (i) header += ',';
+      header += std::to_string(t.shape[i]);
+    }
     header += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + t.bytes.size()) + "]},";
     offset += t.bytes.size();
   }
@@ -97,7 +100,7 @@ std::vector<std::string> save_model(Model& model, ParamArena& arena, const std::
     shards.back().push_back(t);
     in_shard += t.bytes.size();
   }
-  char suffix[32];
+  char suffix[64];
   std::vector<std::string> files;
   std::string map;
   for (std::size_t s = 0; s < shards.size(); ++s) {
@@ -106,7 +109,10 @@ std::vector<std::string> save_model(Model& model, ParamArena& arena, const std::
     const std::string file = (p.parent_path() / name).string();
     write_safetensors(file, shards[s]);
     files.push_back(file);
-    for (const auto& t : shards[s]) map += (map.empty() ? "" : ",") + json::quote(t.name) + ":" + json::quote(name);
+    for (const auto& t : shards[s]) {
+      if (!map.empty()) map += ',';
+      map += json::quote(t.name) + ":" + json::quote(name);
+    }
   }
   const std::string index =
       "{\"metadata\":{\"total_size\":" + std::to_string(total) + "},\"weight_map\":{" + map + "}}\n";

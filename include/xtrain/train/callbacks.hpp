@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include "xtrain/core/error.hpp"
 #include "xtrain/train/metrics.hpp"
@@ -17,10 +18,20 @@
 namespace xtrain::callbacks {
 
 /// Calls `cb.name(args...)` if that member exists.
-#define XTRAIN_DEFINE_CALLBACK_HOOK(name)                           \
-  template <class Callback, class... Args>                          \
-  void name(Callback& cb, Args&... args) {                          \
-    if constexpr (requires { cb.name(args...); }) cb.name(args...); \
+/// A const callback whose hook only exists as a non-const member is refused at compile time
+/// (otherwise the hook would be skipped silently): make the hook const or pass the callback
+/// as a non-const object.
+#define XTRAIN_DEFINE_CALLBACK_HOOK(name)                                                      \
+  template <class Callback, class... Args>                                                     \
+  void name(Callback& cb, Args&... args) {                                                     \
+    if constexpr (requires { cb.name(args...); }) {                                            \
+      cb.name(args...);                                                                        \
+    } else {                                                                                   \
+      static_assert(                                                                           \
+          !requires(std::remove_const_t<Callback> & mutable_cb) { mutable_cb.name(args...); }, \
+          "xtrain: this callback is passed as const but its " #name                            \
+          " is not a const member: make the hook const or pass a non-const callback");         \
+    }                                                                                          \
   }
 XTRAIN_DEFINE_CALLBACK_HOOK(on_train_begin)
 XTRAIN_DEFINE_CALLBACK_HOOK(on_epoch_begin)
@@ -91,11 +102,11 @@ class CheckpointEvery {
     return *this;
   }
   template <class Trainer>
-  void on_step_end(Trainer& trainer, const StepResult& r) {
+  void on_step_end(Trainer& trainer, const StepResult& r) const {
     if (steps_ && r.step % steps_ == 0) trainer.save_checkpoint();
   }
   template <class Trainer>
-  void on_epoch_end(Trainer& trainer, const EpochMetrics& m) {
+  void on_epoch_end(Trainer& trainer, const EpochMetrics& m) const {
     if (epochs_ && m.epoch % epochs_ == 0) trainer.save_checkpoint();
   }
 
