@@ -236,7 +236,7 @@ TEST_CASE("Bad checkpoint files get specific errors", "[checkpoint][errors]") {
   expect("cannot open");
 }
 
-TEST_CASE("safetensors: export and import round-trip, one file and shards", "[checkpoint][safetensors]") {
+TEST_CASE("safetensors: export and import round-trip, one file and shards", "[checkpoint][safetensors][errors]") {
   const fs::path dir = fresh_dir("safetensors");
   BnTrainer t{bn_model(), optim::Adam{}, options(1)};
   t.fit(train1600(), test300());

@@ -139,7 +139,7 @@ TEST_CASE("NPY: bad files get an error naming the file and the problem", "[data]
   REQUIRE_THROWS_WITH(data::load_npy_labels(labels), Catch::Contains(labels) && Catch::Contains("integer dtype"));
 }
 
-TEST_CASE("Homework .npy folder: any feature and class count and bad contents are named", "[data][npy]") {
+TEST_CASE("Homework .npy folder: any feature and class count and bad contents are named", "[data][npy][errors]") {
   const fs::path dir = temp_dir("npy_folder");
   write_npy_folder(dir, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {0, 4, 2, 1});
   const auto [train, test] = data::load_folder(dir.string());
@@ -170,7 +170,7 @@ TEST_CASE("Homework .npy folder: any feature and class count and bad contents ar
   }
 }
 
-TEST_CASE("IDX: plain and gzip folders load and bad files are named", "[data][idx]") {
+TEST_CASE("IDX: plain and gzip folders load and bad files are named", "[data][idx][errors]") {
   for (bool gz : {false, true}) {
     const fs::path dir = temp_dir(gz ? "idx_gz" : "idx_plain");
     write_idx_folder(dir, 12, gz);

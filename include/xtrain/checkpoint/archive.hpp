@@ -103,11 +103,9 @@ inline void write_atomic(const std::string& path, const std::string& payload) {
   write_file_atomic(path, {header, payload});
 }
 
-/// Reads `path` and returns its payload after checking every header field and the CRC-32.
-inline std::string read_verified(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  XTRAIN_CHECK(in.good(), CheckpointError, path, ": cannot open (", std::strerror(errno), ")");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+/// The payload of the checkpoint file `bytes` after checking every header field and the CRC-32;
+/// `path` names the file in errors.
+inline std::string verify(const std::string& bytes, const std::string& path) {
   XTRAIN_CHECK(bytes.size() >= 8 && std::memcmp(bytes.data(), file_magic, 8) == 0, CheckpointError, path,
                ": not an xtrain checkpoint (wrong magic)");
   XTRAIN_CHECK(bytes.size() >= header_size, CheckpointError, path, ": truncated header (", bytes.size(), " bytes)");
@@ -128,6 +126,13 @@ inline std::string read_verified(const std::string& path) {
   XTRAIN_CHECK(detail::crc32_of(payload) == crc, CheckpointError, path,
                ": corrupt: CRC-32 of the payload does not match the header");
   return payload;
+}
+
+/// Reads `path` and returns its verified payload (see verify).
+inline std::string read_verified(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  XTRAIN_CHECK(in.good(), CheckpointError, path, ": cannot open (", std::strerror(errno), ")");
+  return verify(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), path);
 }
 
 }  // namespace xtrain::checkpoint

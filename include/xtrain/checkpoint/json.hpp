@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,12 +21,13 @@ struct Value {
   bool boolean = false;
   std::string string;
   std::vector<Value> array;
-  std::vector<std::pair<std::string, Value>> object;
+  std::vector<std::string> keys;  ///< an object's member names, in order
+  std::vector<Value> members;     ///< an object's member values (parallel to keys)
 
   /// The member `key` of an object, or nullptr.
   const Value* find(const std::string& key) const {
-    for (const auto& [k, v] : object)
-      if (k == key) return &v;
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] == key) return &members[i];
     return nullptr;
   }
 };
@@ -65,9 +67,9 @@ class Parser {
       ++i_;
       if (peek() == '}') return ++i_, v;
       for (;;) {
-        std::string key = string_literal();
+        v.keys.push_back(string_literal());
         expect(':');
-        v.object.emplace_back(std::move(key), value());
+        v.members.push_back(value());
         if (peek() == ',') {
           ++i_;
           continue;
@@ -102,7 +104,10 @@ class Parser {
     while (i_ < s_.size() && std::string_view("+-0123456789.eE").find(s_[i_]) != std::string_view::npos) ++i_;
     if (start == i_) fail("expected a value");
     v.kind = Value::Kind::number;
-    v.number = std::stod(std::string(s_.substr(start, i_ - start)));
+    const std::string text(s_.substr(start, i_ - start));
+    char* end = nullptr;
+    v.number = std::strtod(text.c_str(), &end);
+    if (end != text.c_str() + text.size()) fail("malformed number '" + text + "'");
     return v;
   }
   std::string string_literal() {
@@ -131,7 +136,10 @@ class Parser {
             break;
           case 'u': {
             if (i_ + 4 > s_.size()) fail("short \\u escape");
-            const unsigned code = static_cast<unsigned>(std::stoul(std::string(s_.substr(i_, 4)), nullptr, 16));
+            const std::string hex(s_.substr(i_, 4));
+            char* end = nullptr;
+            const unsigned code = static_cast<unsigned>(std::strtoul(hex.c_str(), &end, 16));
+            if (end != hex.c_str() + 4) fail("bad \\u escape");
             i_ += 4;
             if (code < 0x80)
               out += static_cast<char>(code);

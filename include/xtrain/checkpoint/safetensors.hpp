@@ -133,14 +133,12 @@ struct SafetensorsFile {
   std::vector<Entry> entries;
 };
 
-/// Parses `path`; throws CheckpointError naming the file for a short file, a bad header, or
-/// offsets outside the data or inconsistent with dtype and shape.
-inline SafetensorsFile read_safetensors(const std::string& path) {
+/// Parses the bytes of a safetensors file; `path` names it in errors. Throws CheckpointError for a
+/// short file, a bad header, or offsets outside the data or inconsistent with dtype and shape.
+inline SafetensorsFile parse_safetensors(std::string bytes, const std::string& path) {
   SafetensorsFile f;
   f.path = path;
-  std::ifstream in(path, std::ios::binary);
-  XTRAIN_CHECK(in.good(), CheckpointError, path, ": cannot open (", std::strerror(errno), ")");
-  f.bytes.assign(std::istreambuf_iterator<char>(in), {});
+  f.bytes = std::move(bytes);
   XTRAIN_CHECK(f.bytes.size() >= 8, CheckpointError, path, ": not a safetensors file (shorter than 8 bytes)");
   std::uint64_t n = 0;
   for (int i = 0; i < 8; ++i)
@@ -150,7 +148,9 @@ inline SafetensorsFile read_safetensors(const std::string& path) {
   const json::Value header = json::Parser(std::string_view(f.bytes).substr(8, n), path).parse();
   XTRAIN_CHECK(header.kind == json::Value::Kind::object, CheckpointError, path, ": the header is not a JSON object");
   const std::uint64_t data_start = 8 + n, data_size = f.bytes.size() - data_start;
-  for (const auto& [name, v] : header.object) {
+  for (std::size_t member = 0; member < header.keys.size(); ++member) {
+    const std::string& name = header.keys[member];
+    const json::Value& v = header.members[member];
     if (name == "__metadata__") continue;
     const json::Value *dtype = v.find("dtype"), *shape = v.find("shape"), *offsets = v.find("data_offsets");
     XTRAIN_CHECK(dtype && shape && offsets && dtype->kind == json::Value::Kind::string &&
@@ -162,9 +162,14 @@ inline SafetensorsFile read_safetensors(const std::string& path) {
     for (const auto& d : shape->array) {
       XTRAIN_CHECK(d.kind == json::Value::Kind::number && d.number >= 0, CheckpointError, path, ": tensor '", name,
                    "' has a bad shape");
+      XTRAIN_CHECK(d.number < 1e15, CheckpointError, path, ": tensor '", name, "' has a bad shape");
       e.shape.push_back(static_cast<std::uint64_t>(d.number));
-      count *= e.shape.back();
+      XTRAIN_CHECK(checked_multiply(count, e.shape.back(), count), CheckpointError, path, ": tensor '", name,
+                   "' is too large");
     }
+    XTRAIN_CHECK(offsets->array[0].number >= 0 && offsets->array[1].number >= 0 && offsets->array[0].number < 1e18 &&
+                     offsets->array[1].number < 1e18,
+                 CheckpointError, path, ": tensor '", name, "' has bad data_offsets");
     const std::uint64_t b = static_cast<std::uint64_t>(offsets->array[0].number),
                         end = static_cast<std::uint64_t>(offsets->array[1].number);
     XTRAIN_CHECK(b <= end && end <= data_size, CheckpointError, path, ": tensor '", name, "' has data_offsets [", b,
@@ -173,13 +178,21 @@ inline SafetensorsFile read_safetensors(const std::string& path) {
                                : e.dtype == "F32" || e.dtype == "I32"  ? 4
                                : e.dtype == "F16" || e.dtype == "BF16" ? 2
                                                                        : 1;
-    XTRAIN_CHECK(end - b == count * item, CheckpointError, path, ": tensor '", name, "' has ", end - b, " bytes for ",
-                 e.dtype, " ", shape_string({e.shape.begin(), e.shape.end()}));
+    std::size_t bytes = 0;
+    XTRAIN_CHECK(checked_multiply(count, item, bytes) && end - b == bytes, CheckpointError, path, ": tensor '", name,
+                 "' has ", end - b, " bytes for ", e.dtype, " ", shape_string({e.shape.begin(), e.shape.end()}));
     e.begin = data_start + b;
     e.end = data_start + end;
     f.entries.push_back(std::move(e));
   }
   return f;
+}
+
+/// Reads and parses the safetensors file at `path`.
+inline SafetensorsFile read_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  XTRAIN_CHECK(in.good(), CheckpointError, path, ": cannot open (", std::strerror(errno), ")");
+  return parse_safetensors(std::string(std::istreambuf_iterator<char>(in), {}), path);
 }
 
 /// Loads `path` (a .safetensors file, or the .index.json of shards) into the model, strictly:
@@ -196,7 +209,7 @@ void load_model(Model& model, ParamArena& arena, const std::string& path) {
     const json::Value* map = index.find("weight_map");
     XTRAIN_CHECK(map && map->kind == json::Value::Kind::object, CheckpointError, path, ": no weight_map");
     std::vector<std::string> names;
-    for (const auto& [tensor, file] : map->object)
+    for (const auto& file : map->members)
       if (std::find(names.begin(), names.end(), file.string) == names.end()) names.push_back(file.string);
     for (const auto& name : names)
       files.push_back(read_safetensors((std::filesystem::path(path).parent_path() / name).string()));

@@ -41,6 +41,11 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
+/// a * b, or false when it overflows std::size_t (sizes read from untrusted files).
+inline bool checked_multiply(std::size_t a, std::size_t b, std::size_t& out) noexcept {
+  return !__builtin_mul_overflow(a, b, &out);
+}
+
 /// Formats a shape as `[32, 784]`.
 inline std::string shape_string(const std::vector<std::size_t>& shape) {
   std::string s = "[";

@@ -18,10 +18,9 @@ struct IdxArray {
   std::vector<unsigned char> data;
 };
 
-/// Parses `path` (".gz" or not). Throws DataError naming the file for: missing file, corrupt gzip,
+/// Parses the (decompressed) bytes of an IDX file; `path` names it in errors. Throws DataError for:
 /// wrong magic, an element type other than unsigned byte, and data shorter than the header says.
-inline IdxArray read_idx(const std::string& path) {
-  std::vector<unsigned char> b = read_file_bytes(path);
+inline IdxArray parse_idx(const std::vector<unsigned char>& b, const std::string& path) {
   XTRAIN_CHECK(b.size() >= 4 && b[0] == 0 && b[1] == 0, DataError, path,
                ": not an IDX file (wrong magic; expected 0x0000 then type and rank)");
   XTRAIN_CHECK(b[2] == 0x08, DataError, path, ": IDX element type 0x", std::hex, +b[2],
@@ -35,7 +34,7 @@ inline IdxArray read_idx(const std::string& path) {
     const unsigned char* p = b.data() + 4 + 4 * d;
     const std::size_t dim = (std::size_t{p[0]} << 24) | (std::size_t{p[1]} << 16) | (std::size_t{p[2]} << 8) | p[3];
     a.shape.push_back(dim);
-    count *= dim;
+    XTRAIN_CHECK(checked_multiply(count, dim, count), DataError, path, ": IDX shape is too large");
   }
   const std::size_t header = 4 + 4 * rank;
   XTRAIN_CHECK(b.size() - header >= count, DataError, path, ": truncated: shape ", shape_string(a.shape), " needs ",
@@ -43,6 +42,11 @@ inline IdxArray read_idx(const std::string& path) {
   a.data.assign(b.begin() + static_cast<std::ptrdiff_t>(header),
                 b.begin() + static_cast<std::ptrdiff_t>(header + count));
   return a;
+}
+
+/// Reads `path` (".gz" or not; a missing file or corrupt gzip is a DataError naming it) and parses it.
+inline IdxArray read_idx(const std::string& path) {
+  return parse_idx(read_file_bytes(path), path);
 }
 
 }  // namespace xtrain::data

@@ -83,14 +83,14 @@ inline std::string npy_header_value(const std::string& header, const std::string
 }
 }  // namespace detail
 
-/// Parses the .npy file at `path` (not compressed). Throws DataError naming the file for: missing
-/// file, bad magic, unsupported version, malformed header, big-endian or unsupported dtype,
+/// Parses the bytes of a .npy file; `path` names it in errors. Throws DataError naming the file for:
+/// bad magic, unsupported version, malformed header, big-endian or unsupported dtype,
 /// Fortran order, and data shorter than the shape says (truncated).
-inline NpyArray read_npy(const std::string& path) {
+inline NpyArray parse_npy(std::vector<unsigned char> bytes, const std::string& path) {
   static_assert(std::endian::native == std::endian::little, "xtrain's .npy reader assumes a little-endian host");
   NpyArray a;
   a.path = path;
-  a.bytes = read_file_bytes(path);
+  a.bytes = std::move(bytes);
   const auto& b = a.bytes;
   XTRAIN_CHECK(b.size() >= 10 && std::memcmp(b.data(), "\x93NUMPY", 6) == 0, DataError, path,
                ": not a .npy file (wrong magic; expected \\x93NUMPY)");
@@ -140,14 +140,24 @@ inline NpyArray read_npy(const std::string& path) {
     if (i >= shape.size() || shape[i] == ')') break;
     XTRAIN_CHECK(shape[i] >= '0' && shape[i] <= '9', DataError, path, ": malformed shape ", shape);
     std::size_t d = 0;
-    while (i < shape.size() && shape[i] >= '0' && shape[i] <= '9')
+    while (i < shape.size() && shape[i] >= '0' && shape[i] <= '9') {
+      XTRAIN_CHECK(d < (std::size_t{1} << 48), DataError, path, ": dimension too large in shape ", shape);
       d = d * 10 + static_cast<std::size_t>(shape[i++] - '0');
+    }
     a.shape.push_back(d);
   }
-  const std::size_t need = a.count() * item, have = b.size() - a.offset;
+  std::size_t need = item;
+  for (const auto d : a.shape)
+    XTRAIN_CHECK(checked_multiply(need, d, need), DataError, path, ": shape ", shape_string(a.shape), " is too large");
+  const std::size_t have = b.size() - a.offset;
   XTRAIN_CHECK(have >= need, DataError, path, ": truncated: shape ", shape_string(a.shape), " needs ", need,
                " bytes of data, the file has ", have);
   return a;
+}
+
+/// Reads and parses the .npy file at `path` (see parse_npy).
+inline NpyArray read_npy(const std::string& path) {
+  return parse_npy(read_file_bytes(path), path);
 }
 
 /// Loads a .npy array of any numeric dtype as fp32 rows `[shape[0], product of the rest]`.
