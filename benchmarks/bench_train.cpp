@@ -1,8 +1,12 @@
 // Google Benchmark: Linear forward+backward at the homework's and the wide model's shapes, the
-// GEMM alone, and one full training step (forward, loss, backward, Adam) of SimpleModel.
+// GEMM alone, one full training step (forward, loss, backward, Adam) of SimpleModel, and
+// checkpoint save/load and model export (op 0 save_state, 1 load_state, 2 save_model).
 //
 //   build/benchmarks/bench_train --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
+
+#include <filesystem>
+#include <string>
 
 #include <xtrain/xtrain.hpp>
 
@@ -84,6 +88,36 @@ BENCHMARK(BM_TrainStep)
     ->Args({256, 32, 1})
     ->Args({256, 1024, 0})  // the wide model 784-1024-10
     ->Unit(benchmark::kMicrosecond);
+/// save_state / load_state (with fsync and rename) and save_model (safetensors) of the homework
+/// model (hidden 32, BatchNorm) and the wide model (hidden 1024), with the file sizes.
+void BM_Checkpoint(benchmark::State& state) {
+  const auto hidden = static_cast<std::size_t>(state.range(0));
+  const int what = static_cast<int>(state.range(1));  // 0 save_state, 1 load_state, 2 save_model
+  const std::string dir = std::filesystem::temp_directory_path() / ("xtrain_bench_ckpt_" + std::to_string(hidden));
+  auto run = [&](auto model) {
+    xtrain::Trainer trainer{std::move(model), xtrain::optim::Adam{}, xtrain::TrainerOptions{}.verbose(false)};
+    trainer.save_state(dir);
+    for (auto _ : state) {
+      if (what == 0)
+        trainer.save_state(dir);
+      else if (what == 1)
+        trainer.load_state(dir);
+      else
+        trainer.save_model(dir + "/model.safetensors");
+    }
+    const std::string file = what == 2 ? dir + "/model.safetensors" : dir + "/state.xtrain";
+    state.counters["file_bytes"] = static_cast<double>(std::filesystem::file_size(file));
+    state.counters["parameters"] = static_cast<double>(trainer.params().parameter_count());
+  };
+  if (hidden == 32)
+    run(nn::Sequential{nn::Linear{784, 32}, nn::BatchNorm1d{32}, nn::ReLU{}, nn::Linear{32, 10}});
+  else
+    run(nn::Sequential{nn::Linear{784, hidden}, nn::ReLU{}, nn::Linear{hidden, 10}});
+}
+BENCHMARK(BM_Checkpoint)
+    ->ArgNames({"hidden", "op"})
+    ->ArgsProduct({{32, 1024}, {0, 1, 2}})
+    ->Unit(benchmark::kMillisecond);
 }  // namespace
 
 BENCHMARK_MAIN();
