@@ -4,6 +4,9 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "support.hpp"
@@ -70,6 +73,73 @@ TEST_CASE("MPI: fixed global batch on 1, 2 (and 4) ranks agrees to 1e-5, bitwise
     if (world_rank() == 0) {
       REQUIRE(max_abs_diff(one, four) <= 1e-5f);
       REQUIRE(det_one == det_four);
+    }
+  }
+}
+
+namespace {
+/// Saves after `stop` optimizer steps, then ends the run (an interruption).
+struct SaveAndStop {
+  std::string dir;
+  std::uint64_t stop;
+  template <class T>
+  void on_step_end(T& t, const StepResult& r) {
+    if (r.step != stop) return;
+    t.save_state(dir);
+    throw std::runtime_error("interrupted");
+  }
+};
+
+/// Runs f(trainer) on the first `ranks` world ranks (the others wait).
+template <class F>
+void run_on(int ranks, TrainerOptions options, F&& f) {
+  MPI_Comm group;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < ranks ? 0 : MPI_UNDEFINED, world_rank(), &group);
+  if (group != MPI_COMM_NULL) {
+    MlpTrainer t{mlp(), optim::Adam{}.lr(2e-3f), options.epochs(1).verbose(false), MpiAllReduce(group)};
+    f(t);
+    MPI_Comm_free(&group);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+/// The first `save_ranks` ranks train to step 20 and save; then the first `load_ranks` ranks load
+/// and finish the epoch. Returns world rank 0's parameters.
+std::vector<float> save_then_resume(int save_ranks, int load_ranks, TrainerOptions options) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("xtrain_mpi_ckpt_np" + std::to_string(world_size()) + "_" +
+                                                 std::to_string(save_ranks) + "_" + std::to_string(load_ranks)))
+          .string();
+  static const auto train = head(fashion().train, 3200), test = head(fashion().test, 500);
+  run_on(save_ranks, options, [&](MlpTrainer& t) {
+    try {
+      t.fit(train, test, SaveAndStop{dir, 20});
+    } catch (const std::runtime_error&) {
+    }
+  });
+  std::vector<float> params;
+  run_on(load_ranks, options, [&](MlpTrainer& t) {
+    t.load_state(dir);
+    t.fit(train, test);
+    if (world_rank() == 0) params.assign(t.params().values().begin(), t.params().values().end());
+  });
+  return params;
+}
+}  // namespace
+
+TEST_CASE("MPI: a state saved on 2 ranks resumes on 1, and 1 on 2, matching the uninterrupted run", "[mpi]") {
+  for (const std::size_t chunk : {std::size_t{0}, std::size_t{16}}) {
+    const auto options = TrainerOptions{}.global_batch_size(64).deterministic(chunk);
+    const auto straight = train_on(1, options);
+    const auto two_to_one = save_then_resume(2, 1, options), one_to_two = save_then_resume(1, 2, options);
+    if (world_rank() == 0) {
+      INFO("deterministic chunk " << chunk);
+      REQUIRE(max_abs_diff(straight, two_to_one) <= 1e-5f);
+      REQUIRE(max_abs_diff(straight, one_to_two) <= 1e-5f);
+      if (chunk) {
+        REQUIRE(straight == two_to_one);
+        REQUIRE(straight == one_to_two);
+      }
     }
   }
 }
