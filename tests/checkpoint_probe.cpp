@@ -43,16 +43,6 @@ void write(const std::string& path, ProbeTrainer& t) {
   put(t.optimizer_state().exp_avg);
   put(t.optimizer_state().exp_avg_sq);
 }
-struct StopAfter {
-  std::string dir;
-  std::uint64_t step;
-  template <class T>
-  void on_step_end(T& t, const StepResult& r) {
-    if (r.step != step) return;
-    t.save_state(dir);
-    std::exit(0);  // the process ends here: the next one must continue from the file alone
-  }
-};
 struct SaveEveryStep {
   template <class T>
   void on_step_end(T& t, const StepResult&) {
@@ -69,7 +59,13 @@ int main(int argc, char** argv) try {
     write(arg, t);
   } else if (mode == "first") {
     ProbeTrainer t{model(), optim::Adam{}, options(2)};
-    if (argc > 3) t.fit(train_set(), eval(), StopAfter{arg, std::stoull(argv[3])});
+    if (argc > 3) {
+      try {
+        t.fit(train_set(), eval(), test::SaveAndStop{arg, std::stoull(argv[3])});
+      } catch (const std::runtime_error&) {
+        return 0;  // saved at the step: the next process must continue from the file alone
+      }
+    }
     t.fit(train_set(), eval());
     t.save_state(arg);
   } else if (mode == "second") {

@@ -5,9 +5,10 @@
 # usage: run_fuzzer.sh SOURCE_DIR WORK_DIR [SECONDS]
 set -euo pipefail
 src=$1 work=$2/fuzz seconds=${3:-60}
-command -v clang++ > /dev/null || { echo "SKIP: clang++ not installed (scripts/setup installs clang-14)"; exit 77; }
+cxx=$(command -v clang++-14 || command -v clang++ || true)
+[ -n "$cxx" ] || { echo "SKIP: clang++ not installed (scripts/setup installs clang-14)"; exit 77; }
 mkdir -p "$work/corpus" "$work/findings"
-clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+"$cxx" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I"$src/include" "$src/tests/fuzz_parsers.cpp" -lz -o "$work/fuzz_parsers" 2> "$work/build.log" ||
   { echo "SKIP: cannot build with libFuzzer (libclang-rt-14-dev?):"; tail -3 "$work/build.log"; exit 77; }
 seed() { { printf "\\x$(printf '%02x' "$1")"; cat "$2"; } > "$work/corpus/$(basename "$2").$1"; }

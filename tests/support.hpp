@@ -2,9 +2,13 @@
 // Shared test helpers: the real Fashion-MNIST (Debian's dataset-fashion-mnist) and slices of it.
 
 #include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "xtrain/data/dataset.hpp"
+#include "xtrain/train/metrics.hpp"
 
 namespace xtrain::test {
 
@@ -21,5 +25,18 @@ inline data::TensorDataset head(const data::TensorDataset& d, std::size_t n) {
   return data::TensorDataset(std::move(x), std::vector<std::int32_t>(d.labels().begin(), d.labels().begin() + n),
                              d.num_classes(), d.source());
 }
+
+/// A callback that saves the training state after optimizer step `step` and then interrupts the
+/// run by throwing std::runtime_error("interrupted").
+struct SaveAndStop {
+  std::string dir;
+  std::uint64_t step;
+  template <class Trainer>
+  void on_step_end(Trainer& trainer, const StepResult& r) const {
+    if (r.step != step) return;
+    trainer.save_state(dir);
+    throw std::runtime_error("interrupted");
+  }
+};
 
 }  // namespace xtrain::test

@@ -13,6 +13,7 @@
 using namespace xtrain;
 using xtrain::test::fashion;
 using xtrain::test::head;
+using xtrain::test::SaveAndStop;
 namespace nn = xtrain::layers;
 namespace fs = std::filesystem;
 
@@ -55,17 +56,6 @@ void require_same_metrics(const EpochMetrics& a, const EpochMetrics& b) {
   REQUIRE(a.test.accuracy == b.test.accuracy);
 }
 
-/// Throws after saving at a given step: an interrupted run.
-struct SaveAndStop {
-  std::string dir;
-  std::uint64_t at;
-  template <class T>
-  void on_step_end(T& t, const StepResult& r) {
-    if (r.step != at) return;
-    t.save_state(dir);
-    throw std::runtime_error("interrupted");
-  }
-};
 }  // namespace
 
 TEST_CASE("Resume at an epoch boundary is bitwise exact: parameters, optimizer state, metrics", "[checkpoint]") {

@@ -16,6 +16,7 @@
 using namespace xtrain;
 using xtrain::test::fashion;
 using xtrain::test::head;
+using xtrain::test::SaveAndStop;
 namespace nn = xtrain::layers;
 using parallel::MpiAllReduce;
 
@@ -78,17 +79,6 @@ TEST_CASE("MPI: fixed global batch on 1, 2 (and 4) ranks agrees to 1e-5, bitwise
 }
 
 namespace {
-/// Saves after `stop` optimizer steps, then ends the run (an interruption).
-struct SaveAndStop {
-  std::string dir;
-  std::uint64_t stop;
-  template <class T>
-  void on_step_end(T& t, const StepResult& r) {
-    if (r.step != stop) return;
-    t.save_state(dir);
-    throw std::runtime_error("interrupted");
-  }
-};
 
 /// Runs f(trainer) on the first `ranks` world ranks (the others wait).
 template <class F>
