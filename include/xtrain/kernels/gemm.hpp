@@ -94,13 +94,20 @@ void pack_a(Trans ta, const float* A, std::size_t lda, std::size_t i0, std::size
   }
 }
 
-/// C[0:mr, 0:nr] = alpha * Ap * Bp + beta * C for packed panels; `rows`/`cols` clip the store.
-template <class Arch>
-inline void micro_kernel(std::size_t kc, const float* __restrict ap, const float* __restrict bp, float alpha,
-                         float beta, float* __restrict c, std::size_t ldc, std::size_t rows, std::size_t cols) {
+/// C[0:mr, 0:nr] = alpha * A * Bp + beta * C for a packed B panel; `rows`/`cols` clip the store.
+/// A is a packed panel (PackedA: element (r, k) at a[k * mr + r]) or, when op(A) = A, the rows of A
+/// itself (element (r, k) at a[r * lda + k]; rows past `rows` re-read the last row, never stored):
+/// skipping A's packing saves a copy of A per call, which dominates small GEMMs.
+template <class Arch, bool PackedA>
+inline void micro_kernel(std::size_t kc, const float* __restrict a, std::size_t lda, const float* __restrict bp,
+                         float alpha, float beta, float* __restrict c, std::size_t ldc, std::size_t rows,
+                         std::size_t cols) {
   using shape = GemmShape<Arch>;
   using B = simd::batch<float, Arch>;
   constexpr std::size_t mr = shape::mr, nr = shape::nr, w = shape::lanes;
+  constexpr std::size_t k_stride = PackedA ? mr : 1;
+  const float* arow[mr];
+  for (std::size_t r = 0; r < mr; ++r) arow[r] = PackedA ? a + r : a + std::min(r, rows - 1) * lda;
   B acc0[mr], acc1[mr];
 #pragma GCC unroll 16
   for (std::size_t r = 0; r < mr; ++r) acc0[r] = acc1[r] = B(0.0f);
@@ -109,9 +116,9 @@ inline void micro_kernel(std::size_t kc, const float* __restrict ap, const float
     const B b1 = B::load_aligned(bp + k * nr + w);
 #pragma GCC unroll 16
     for (std::size_t r = 0; r < mr; ++r) {
-      const B a(ap[k * mr + r]);
-      acc0[r] = xsimd::fma(a, b0, acc0[r]);
-      acc1[r] = xsimd::fma(a, b1, acc1[r]);
+      const B av(arow[r][k * k_stride]);
+      acc0[r] = xsimd::fma(av, b0, acc0[r]);
+      acc1[r] = xsimd::fma(av, b1, acc1[r]);
     }
   }
   const B va(alpha), vb(beta);
@@ -172,12 +179,18 @@ void gemm(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float
       detail::pack_b<Arch>(tb, B, ldb, k0, kc, j0, nc, bbuf.data());
       for (std::size_t i0 = 0; i0 < M; i0 += shape::mc) {
         const std::size_t mc = std::min(shape::mc, M - i0);
-        detail::pack_a<Arch>(ta, A, lda, i0, mc, k0, kc, abuf.data());
+        if (ta == Trans::yes) detail::pack_a<Arch>(ta, A, lda, i0, mc, k0, kc, abuf.data());
         for (std::size_t jr = 0; jr < nc; jr += shape::nr)
-          for (std::size_t ir = 0; ir < mc; ir += shape::mr)
-            detail::micro_kernel<Arch>(kc, abuf.data() + ir * kc, bbuf.data() + jr * kc, alpha, beta_block,
-                                       C + (i0 + ir) * ldc + j0 + jr, ldc, std::min(shape::mr, mc - ir),
-                                       std::min(shape::nr, nc - jr));
+          for (std::size_t ir = 0; ir < mc; ir += shape::mr) {
+            float* c = C + (i0 + ir) * ldc + j0 + jr;
+            const std::size_t rows = std::min(shape::mr, mc - ir), cols = std::min(shape::nr, nc - jr);
+            if (ta == Trans::yes)
+              detail::micro_kernel<Arch, true>(kc, abuf.data() + ir * kc, 0, bbuf.data() + jr * kc, alpha, beta_block,
+                                               c, ldc, rows, cols);
+            else
+              detail::micro_kernel<Arch, false>(kc, A + (i0 + ir) * lda + k0, lda, bbuf.data() + jr * kc, alpha,
+                                                beta_block, c, ldc, rows, cols);
+          }
       }
     }
   }
