@@ -17,12 +17,17 @@ namespace nn = xtrain::layers;
 
 template <class Model>
 int run(Model model, std::size_t batch, std::size_t steps, std::size_t warmup, std::size_t bucket_bytes,
-        std::size_t deterministic, const std::string& name) {
+        std::size_t deterministic, bool shard, const std::string& name) {
   xtrain::parallel::MpiAllReduce comm;
   const auto [train, test] = xtrain::data::fashion_mnist("/usr/share/datasets/fashion-mnist");
   xtrain::Trainer<Model, xtrain::optim::Adam, xtrain::FullPrecision, xtrain::parallel::MpiAllReduce> trainer{
       std::move(model), xtrain::optim::Adam{},
-      xtrain::TrainerOptions{}.batch_size(batch).bucket_bytes(bucket_bytes).deterministic(deterministic).verbose(false),
+      xtrain::TrainerOptions{}
+          .batch_size(batch)
+          .bucket_bytes(bucket_bytes)
+          .deterministic(deterministic)
+          .shard_optimizer(shard)
+          .verbose(false),
       std::move(comm)};
   auto& c = trainer.communicator();
   xtrain::data::Loader loader(train, batch * c.size(), 42, true, true, c.rank(), c.size(), deterministic);
@@ -57,6 +62,7 @@ int main(int argc, char** argv) {
   return env.run([&] {
     std::string model = "homework";
     std::size_t batch = 32, steps = 300, warmup = 20, bucket_kb = 25 * 1024, deterministic = 0;
+    bool shard = false;
     for (int i = 1; i + 1 < argc; i += 2) {
       const std::string flag = argv[i];
       if (flag == "--model")
@@ -67,19 +73,22 @@ int main(int argc, char** argv) {
         steps = std::strtoul(argv[i + 1], nullptr, 10);
       else if (flag == "--bucket-kb")
         bucket_kb = std::strtoul(argv[i + 1], nullptr, 10);
+      else if (flag == "--shard-optimizer")
+        shard = std::string(argv[i + 1]) == "1";
       else if (flag == "--deterministic")
         deterministic = std::strtoul(argv[i + 1], nullptr, 10);
       else
-        throw xtrain::ValueError("unknown flag " + flag +
-                                 " (--model homework|wide, --batch, --steps, --bucket-kb, --deterministic CHUNK)");
+        throw xtrain::ValueError(
+            "unknown flag " + flag +
+            " (--model homework|wide, --batch, --steps, --bucket-kb, --deterministic CHUNK, --shard-optimizer 0|1)");
     }
     xtrain::set_seed(42);
     if (model == "homework")
       return run(nn::Sequential{nn::Linear{784, 32}, nn::BatchNorm1d{32}, nn::ReLU{}, nn::Linear{32, 10}}, batch, steps,
-                 warmup, bucket_kb * 1024, deterministic, model);
+                 warmup, bucket_kb * 1024, deterministic, shard, model);
     if (model == "wide")
       return run(nn::Sequential{nn::Linear{784, 1024}, nn::ReLU{}, nn::Linear{1024, 10}}, batch, steps, warmup,
-                 bucket_kb * 1024, deterministic, model);
+                 bucket_kb * 1024, deterministic, shard, model);
     throw xtrain::ValueError("--model must be homework or wide, got " + model);
   });
 }

@@ -176,3 +176,14 @@ int main(int argc, char** argv) {
   xtrain::parallel::MpiEnvironment env{argc, argv};
   return Catch::Session().run(argc, argv);
 }
+
+TEST_CASE("MPI: the sharded optimizer step (ZeRO-1) matches the unsharded one", "[mpi]") {
+  const auto n = world_size();
+  const auto plain = train_on(n, TrainerOptions{}.global_batch_size(64));
+  auto sharded = train_on(n, TrainerOptions{}.global_batch_size(64).shard_optimizer(true));
+  if (world_rank() == 0) {
+    for (std::size_t i = plain.size(); i < sharded.size(); ++i) REQUIRE(sharded[i] == 0.0f);  // padding
+    sharded.resize(plain.size());
+    REQUIRE(max_abs_diff(plain, sharded) <= 1e-6f);
+  }
+}

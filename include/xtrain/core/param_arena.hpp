@@ -39,8 +39,8 @@ class ParamArena {
   /// Adopts every parameter of `model` (in visit order = layer order).
   /// Ensures: values unchanged, gradients zero, each Param views its slice.
   template <class Model>
-  explicit ParamArena(Model& model) {
-    adopt(model);
+  explicit ParamArena(Model& model, std::size_t multiple = alignment) {
+    adopt(model, multiple);
   }
 
   ParamArena(const ParamArena&) = delete;  // layers view this storage: copying would alias it
@@ -48,8 +48,10 @@ class ParamArena {
   ParamArena(ParamArena&&) noexcept = default;  // vector moves keep the heap buffers
   ParamArena& operator=(ParamArena&&) noexcept = default;
 
+  /// `multiple` (a multiple of `alignment`): the buffers' length is rounded up to it (zero padding),
+  /// e.g. ranks x alignment so that a sharded optimizer step splits them into equal blocks.
   template <class Model>
-  void adopt(Model& model) {
+  void adopt(Model& model, std::size_t multiple = alignment) {
     static_assert(check_layer<Model>());
     entries_.clear();
     std::size_t total = 0;
@@ -59,6 +61,8 @@ class ParamArena {
       entries_.push_back({name, p.shape(), total, p.size()});
       total += (p.size() + alignment - 1) / alignment * alignment;
     });
+    natural_size_ = total;
+    total = (total + multiple - 1) / multiple * multiple;
     values_.assign(total, 0.0f);
     grads_.assign(total, 0.0f);
     std::size_t i = 0;
@@ -75,6 +79,9 @@ class ParamArena {
   std::span<const float> grads() const noexcept { return {grads_.data(), grads_.size()}; }
   /// Length of the flat buffers (parameters plus alignment padding, which stays zero).
   std::size_t size() const noexcept { return values_.size(); }
+  /// The length without the `multiple` rounding of adopt(): the layout checkpoints use, the same
+  /// on any number of ranks.
+  std::size_t natural_size() const noexcept { return natural_size_; }
   /// Number of trainable scalars (no padding).
   std::size_t parameter_count() const noexcept {
     std::size_t n = 0;
@@ -96,6 +103,7 @@ class ParamArena {
 
  private:
   AlignedVector values_, grads_;
+  std::size_t natural_size_ = 0;
   std::vector<ParamEntry> entries_;
 };
 

@@ -50,6 +50,13 @@ class AdamBase {
     return s;
   }
 
+  /// Calls f on each per-element state vector (for sharding and gathering the state).
+  template <class F>
+  static void visit_state(State& s, F&& f) {
+    f(s.exp_avg);
+    f(s.exp_avg_sq);
+  }
+
   /// PyTorch 1.13 `_single_tensor_adam(w)`:
   ///   AdamW: p *= 1 - lr * wd;      Adam: g += wd * p
   ///   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g^2

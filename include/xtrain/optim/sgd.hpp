@@ -49,6 +49,12 @@ class SGD {
     return s;
   }
 
+  /// Calls f on each per-element state vector (for sharding and gathering the state).
+  template <class F>
+  static void visit_state(State& s, F&& f) {
+    if (!s.momentum_buffer.empty()) f(s.momentum_buffer);
+  }
+
   /// d = g + wd * p; buf = d (first step) or momentum * buf + (1 - dampening) * d;
   /// d = nesterov ? d + momentum * buf : buf; p -= lr * d.
   void step(std::span<float> params, std::span<const float> grads, State& state, const StepInfo& info) const {

@@ -13,7 +13,10 @@ namespace xtrain::parallel {
 /// Communicator: rank()/size(); in-place sums over ranks of float and double spans; broadcast
 /// from rank 0 (spans and a string); allgather of equal-sized float blocks; barrier; and a
 /// non-blocking float sum (`iallreduce_sum` -> Request, `test`, `wait`) for gradient buckets;
-/// `duplicate()`: another handle on the same ranks.
+/// `duplicate()`: another handle on the same ranks; for the sharded optimizer step,
+/// `reduce_scatter_sum(buffer)` (buffer = size() equal blocks; afterwards block rank() holds the sum
+/// over ranks of that block, the other blocks are unspecified) and `allgather_blocks(buffer)`
+/// (every rank's block rank() copied to every rank).
 /// Every collective is named (the name appears in timeout and mismatch reports).
 template <class C>
 concept Communicator = requires(C& c, std::span<float> f, std::span<double> d, std::span<const float> cf,
@@ -31,6 +34,8 @@ concept Communicator = requires(C& c, std::span<float> f, std::span<double> d, s
   { c.test(r) } -> std::convertible_to<bool>;
   c.wait(r);
   { c.duplicate() } -> std::same_as<C>;
+  c.reduce_scatter_sum(f, "name");
+  c.allgather_blocks(f, "name");
 };
 
 /// What a layer may ask of the communicator during forward/backward (type-erased: layers are not

@@ -220,6 +220,18 @@ class MpiAllReduce {
     boost::mpi::communicator world(comm_, boost::mpi::comm_attach);
     boost::mpi::broadcast(world, s, 0);
   }
+  /// Block rank() of `v` (size() equal blocks) becomes the sum over ranks of that block.
+  void reduce_scatter_sum(std::span<float> v, const char* what) {
+    enter("reduce_scatter_sum(float)", what, v.size());
+    const std::size_t block = v.size() / size_;
+    MPI_Reduce_scatter_block(MPI_IN_PLACE, v.data(), count(block), MPI_FLOAT, MPI_SUM, comm_);
+    if (rank_ != 0) std::memmove(v.data() + rank_ * block, v.data(), block * sizeof(float));  // result lands first
+  }
+  /// Every rank's block rank() of `v` copied into every rank's `v`.
+  void allgather_blocks(std::span<float> v, const char* what) {
+    enter("allgather_blocks(float)", what, v.size());
+    MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, v.data(), count(v.size() / size_), MPI_FLOAT, comm_);
+  }
   /// all[r * mine.size() ...] = rank r's `mine`.
   void allgather(std::span<const float> mine, std::span<float> all, const char* what) {
     enter("allgather(float)", what, mine.size());

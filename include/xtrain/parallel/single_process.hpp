@@ -30,6 +30,8 @@ struct SingleProcess {
   void wait(Request&) noexcept {}
   /// Another handle on the same group of ranks (for a second engine).
   SingleProcess duplicate() const noexcept { return {}; }
+  void reduce_scatter_sum(std::span<float>, const char*) noexcept {}
+  void allgather_blocks(std::span<float>, const char*) noexcept {}
 };
 
 }  // namespace xtrain::parallel

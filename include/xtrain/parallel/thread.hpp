@@ -117,6 +117,33 @@ class ThreadAllReduce {
   /// Another handle on the same group of ranks (for a second engine).
   ThreadAllReduce duplicate() const { return *this; }
 
+  /// Block rank() of `v` becomes the sum over ranks (in rank order) of that block.
+  void reduce_scatter_sum(std::span<float> v, const char* what) {
+    publish(v.data(), v.size(), what);
+    check_counts(v.size(), what);
+    const std::size_t block = v.size() / size(), begin = rank_ * block;
+    std::vector<float> sum(block, 0.0f);
+    for (std::size_t r = 0; r < size(); ++r) {
+      const float* src = static_cast<const float*>(group_->slots()[r].data) + begin;
+      for (std::size_t i = 0; i < block; ++i) sum[i] += src[i];
+    }
+    group_->arrive_and_wait(what);  // all reads of block rank() done before it is overwritten
+    std::copy(sum.begin(), sum.end(), v.begin() + static_cast<std::ptrdiff_t>(begin));
+    group_->arrive_and_wait(what);
+  }
+  /// Every rank's block rank() of `v` copied into every rank's `v`.
+  void allgather_blocks(std::span<float> v, const char* what) {
+    publish(v.data(), v.size(), what);
+    check_counts(v.size(), what);
+    const std::size_t block = v.size() / size();
+    for (std::size_t r = 0; r < size(); ++r)
+      if (r != rank_) {
+        const float* src = static_cast<const float*>(group_->slots()[r].data) + r * block;
+        std::copy(src, src + block, v.begin() + static_cast<std::ptrdiff_t>(r * block));
+      }
+    group_->arrive_and_wait(what);
+  }
+
  private:
   /// Publishes this rank's buffer and waits until every rank has published its own.
   void publish(const void* data, std::size_t count, const char* what) {
@@ -124,12 +151,16 @@ class ThreadAllReduce {
     group_->arrive_and_wait(what);
   }
 
+  void check_counts(std::size_t n, const char* what) const {
+    for (std::size_t r = 0; r < size(); ++r)
+      XTRAIN_CHECK(group_->slots()[r].count == n, ValueError, "collective '", what, "': rank ", rank_, " passed ", n,
+                   " values but rank ", r, " passed ", group_->slots()[r].count);
+  }
+
   template <class T>
   void reduce(std::span<T> v, const char* what) {
     publish(v.data(), v.size(), what);
-    for (std::size_t r = 0; r < size(); ++r)
-      XTRAIN_CHECK(group_->slots()[r].count == v.size(), ValueError, "collective '", what, "': rank ", rank_,
-                   " passed ", v.size(), " values but rank ", r, " passed ", group_->slots()[r].count);
+    check_counts(v.size(), what);
     // Each rank sums its own slice over all ranks (in rank order), then writes it to every rank.
     const std::size_t n = v.size(), w = size();
     const std::size_t begin = n * rank_ / w, end = n * (rank_ + 1) / w;

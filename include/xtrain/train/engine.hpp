@@ -5,6 +5,7 @@
 /// micro-step at a time (forward, loss, backward with bucketed non-blocking allreduce, and on the
 /// last micro-step of an accumulation window: wait, clip, optimizer step).
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -29,6 +30,7 @@ struct EngineOptions {
   std::size_t bucket_bytes = 25u << 20;  ///< gradient bucket size (DDP's default 25 MB)
   std::size_t accumulate = 1;            ///< micro-steps per optimizer step
   std::size_t deterministic_chunk = 0;   ///< > 0: rank-count-invariant reduction, chunks of this many samples
+  bool shard_optimizer = false;          ///< ZeRO stage 1: each rank steps its block of the parameters
   std::size_t global_batch = 0;          ///< samples per global step (needed by the deterministic mode)
   double clip_norm = 0.0;                ///< > 0: clip the global gradient norm to this
   float clip_value = 0.0f;               ///< > 0: clamp every gradient to +-this
@@ -47,12 +49,16 @@ class Engine {
         optimizer_(std::move(optimizer)),
         comm_(std::move(communicator)),
         options_(std::move(options)),
-        arena_(model_),
-        state_(optimizer_.init(arena_.size())),
+        arena_(model_, options_.shard_optimizer ? comm_.size() * ParamArena::alignment : ParamArena::alignment),
+        shard_(options_.shard_optimizer && comm_.size() > 1),
+        block_(arena_.size() / (shard_ ? comm_.size() : 1)),
+        state_(optimizer_.init(block_)),
         buckets_(arena_, options_.bucket_bytes),
         collectives_(comm_) {
     XTRAIN_CHECK(options_.accumulate > 0, ValueError, "accumulate must be at least 1");
     if (options_.deterministic_chunk) check_deterministic_layout();
+    XTRAIN_CHECK(!(shard_ && options_.deterministic_chunk), ValueError,
+                 "shard_optimizer and the deterministic reduction cannot be combined");
     synchronize();
   }
 
@@ -99,8 +105,8 @@ class Engine {
   /// (last micro-step of the window) the buckets' allreduces start during backward and are
   /// complete on return: the gradients are then summed over ranks (clip them now if you wish).
   void backward(const Matrix& dlogits, bool sync) {
-    ctx_.input_grad = false;  // nothing needs the gradient of the data
-    const bool reduce = sync && comm_.size() > 1;
+    ctx_.input_grad = false;                                  // nothing needs the gradient of the data
+    const bool reduce = sync && comm_.size() > 1 && !shard_;  // sharded: reduce-scattered in step()
     if (reduce) {
       ctx_.grads_ready = &Engine::on_layer_done;
       ctx_.grads_ready_user = this;
@@ -117,11 +123,15 @@ class Engine {
       ++micro_;
       return false;
     }
-    if (options_.clip_norm > 0) optim::clip_grad_norm(arena_.grads(), options_.clip_norm);
-    if (options_.clip_value > 0) optim::clip_grad_value(arena_.grads(), options_.clip_value);
     const float lr = current_lr();
     ++step_;
-    optimizer_.step(arena_.values(), arena_.grads(), state_, StepInfo{lr, step_});
+    if (shard_) {
+      sharded_step(lr);
+    } else {
+      if (options_.clip_norm > 0) optim::clip_grad_norm(arena_.grads(), options_.clip_norm);
+      if (options_.clip_value > 0) optim::clip_grad_value(arena_.grads(), options_.clip_value);
+      optimizer_.step(arena_.values(), arena_.grads(), state_, StepInfo{lr, step_});
+    }
     micro_ = 0;
     micro_samples_ = 0;
     return true;
@@ -136,6 +146,43 @@ class Engine {
   }
   /// True between the micro-steps of an accumulation window (a checkpoint must not be taken then).
   bool in_accumulation_window() const noexcept { return micro_ != 0; }
+
+  /// Calls f(state) with the optimizer state in the rank-count-independent layout (the arena's
+  /// natural size): the state itself, or, when sharded, the ranks' blocks gathered. Collective.
+  template <class F>
+  void with_full_optimizer_state(F&& f) {
+    if (!shard_) return f(state_);
+    typename Optimizer::State full = state_;
+    std::vector<AlignedVector*> blocks, fulls;
+    Optimizer::visit_state(state_, [&](AlignedVector& v) { blocks.push_back(&v); });
+    Optimizer::visit_state(full, [&](AlignedVector& v) { fulls.push_back(&v); });
+    AlignedVector gathered(arena_.size());
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      std::copy(blocks[i]->begin(), blocks[i]->end(), gathered.begin() + static_cast<std::ptrdiff_t>(offset()));
+      comm_.allgather_blocks(gathered, "gather optimizer state");
+      fulls[i]->assign(gathered.begin(), gathered.begin() + static_cast<std::ptrdiff_t>(arena_.natural_size()));
+    }
+    f(full);
+  }
+
+  /// Installs an optimizer state in the natural layout (from a checkpoint); each rank keeps its
+  /// block when sharded.
+  void set_full_optimizer_state(typename Optimizer::State full) {
+    if (!shard_) {
+      state_ = std::move(full);
+      return;
+    }
+    typename Optimizer::State mine = full;
+    std::vector<AlignedVector*> fulls, blocks;
+    Optimizer::visit_state(full, [&](AlignedVector& v) { fulls.push_back(&v); });
+    Optimizer::visit_state(mine, [&](AlignedVector& v) { blocks.push_back(&v); });
+    for (std::size_t i = 0; i < fulls.size(); ++i) {
+      fulls[i]->resize(arena_.size(), 0.0f);  // natural -> padded
+      blocks[i]->assign(fulls[i]->begin() + static_cast<std::ptrdiff_t>(offset()),
+                        fulls[i]->begin() + static_cast<std::ptrdiff_t>(offset() + block_));
+    }
+    state_ = std::move(mine);
+  }
 
   /// Whether the next micro-step ends the accumulation window.
   bool sync_next() const noexcept { return micro_ + 1 == options_.accumulate; }
@@ -187,6 +234,27 @@ class Engine {
   template <class F>
   void model_visit_buffers(F&& f) {
     if constexpr (HasBuffers<Model>) model_.visit_buffers(std::string{}, f);
+  }
+
+  std::size_t offset() const noexcept { return shard_ ? comm_.rank() * block_ : 0; }
+
+  // ZeRO stage 1 (Rajbhandari et al., arXiv:1910.02054): reduce-scatter the gradients, clip with
+  // the global norm, step this rank's block of parameters with its block of optimizer state,
+  // all-gather the parameters. Each rank does 1/N of the optimizer's work and holds 1/N of its state.
+  void sharded_step(float lr) {
+    comm_.reduce_scatter_sum(arena_.grads(), "gradient reduce-scatter");
+    auto grads = arena_.grads().subspan(offset(), block_);
+    if (options_.clip_norm > 0) {
+      double sq = 0.0;
+      for (float g : grads) sq += static_cast<double>(g) * g;
+      comm_.allreduce_sum(std::span<double>(&sq, 1), "gradient norm");
+      const double coef = options_.clip_norm / (std::sqrt(sq) + 1e-6);
+      if (coef < 1.0)
+        for (float& g : grads) g = static_cast<float>(g * coef);
+    }
+    if (options_.clip_value > 0) optim::clip_grad_value(grads, options_.clip_value);
+    optimizer_.step(arena_.values().subspan(offset(), block_), grads, state_, StepInfo{lr, step_});
+    comm_.allgather_blocks(arena_.values(), "parameter all-gather");
   }
 
   static void on_layer_done(void* self, std::size_t layer) {
@@ -289,6 +357,8 @@ class Engine {
   Communicator comm_;
   EngineOptions options_;
   ParamArena arena_;
+  bool shard_;
+  std::size_t block_;  // optimizer-state elements on this rank
   typename Optimizer::State state_;
   parallel::GradientBuckets<Communicator> buckets_;
   parallel::CollectivesOf<Communicator> collectives_;

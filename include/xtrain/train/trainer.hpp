@@ -165,14 +165,15 @@ class Trainer {
     std::copy(epoch_sums_, epoch_sums_ + 3, p.epoch_sums);
     communicator().allreduce_sum(std::span<double>(p.epoch_sums, 3), "checkpoint metric sums");
     std::string error;
-    if (is_main_process()) try {
-        std::filesystem::create_directories(dir);
-        checkpoint::write_atomic(
-            dir + "/" + state_file,
-            checkpoint::encode(model(), params(), optimizer(), optimizer_state(), options_.schedule(), p, registered_));
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
+    engine_.with_full_optimizer_state([&](typename Optimizer::State& state) {  // gathered if sharded
+      if (is_main_process()) try {
+          std::filesystem::create_directories(dir);
+          checkpoint::write_atomic(dir + "/" + state_file, checkpoint::encode(model(), params(), optimizer(), state,
+                                                                              options_.schedule(), p, registered_));
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+    });
     communicator().broadcast(error, "checkpoint save status");
     if (!error.empty()) throw checkpoint::CheckpointError(error);
   }
@@ -190,8 +191,10 @@ class Trainer {
     communicator().broadcast(payload, "checkpoint load");
     if (payload.rfind("error", 0) == 0) throw checkpoint::CheckpointError(payload.substr(5));
     optim::LrSchedule schedule = options_.schedule();
-    const checkpoint::Progress p = checkpoint::decode<Model, Optimizer>(payload.substr(2), path, model(), params(),
-                                                                        optimizer_state(), schedule, registered_);
+    typename Optimizer::State state;
+    const checkpoint::Progress p =
+        checkpoint::decode<Model, Optimizer>(payload.substr(2), path, model(), params(), state, schedule, registered_);
+    engine_.set_full_optimizer_state(std::move(state));
     XTRAIN_CHECK(p.samples_in_epoch % global_batch_size() == 0, checkpoint::CheckpointError, path, ": saved after ",
                  p.samples_in_epoch, " samples of an epoch, not a multiple of this run's global batch ",
                  global_batch_size(), " (resume with a global batch that divides it)");
@@ -329,6 +332,7 @@ class Trainer {
     e.bucket_bytes = o.bucket_bytes();
     e.accumulate = o.accumulate();
     e.deterministic_chunk = o.deterministic();
+    e.shard_optimizer = o.shard_optimizer();
     e.global_batch = global_batch(o, world);
     e.clip_norm = o.clip_grad_norm();
     e.clip_value = o.clip_grad_value();
