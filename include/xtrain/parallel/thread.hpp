@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "xtrain/core/error.hpp"
@@ -122,7 +123,7 @@ class ThreadAllReduce {
     publish(v.data(), v.size(), what);
     check_counts(v.size(), what);
     const std::size_t block = v.size() / size(), begin = rank_ * block;
-    std::vector<float> sum(block, 0.0f);
+    std::vector<float>& sum = scratch<float>(block);
     for (std::size_t r = 0; r < size(); ++r) {
       const float* src = static_cast<const float*>(group_->slots()[r].data) + begin;
       for (std::size_t i = 0; i < block; ++i) sum[i] += src[i];
@@ -164,7 +165,7 @@ class ThreadAllReduce {
     // Each rank sums its own slice over all ranks (in rank order), then writes it to every rank.
     const std::size_t n = v.size(), w = size();
     const std::size_t begin = n * rank_ / w, end = n * (rank_ + 1) / w;
-    std::vector<T> sum(end - begin, T(0));
+    std::vector<T>& sum = scratch<T>(end - begin);
     for (std::size_t r = 0; r < w; ++r) {
       const T* src = static_cast<const T*>(group_->slots()[r].data);
       for (std::size_t i = begin; i < end; ++i) sum[i - begin] += src[i];
@@ -189,8 +190,23 @@ class ThreadAllReduce {
     group_->arrive_and_wait(what);
   }
 
+  /// This rank's partial-sum buffer, zeroed, reused from call to call (no allocation per step).
+  template <class T>
+  std::vector<T>& scratch(std::size_t n) {
+    std::vector<T>& v = [this]() -> std::vector<T>& {
+      if constexpr (std::is_same_v<T, float>)
+        return scratch_f_;
+      else
+        return scratch_d_;
+    }();
+    v.assign(n, T(0));
+    return v;
+  }
+
   std::shared_ptr<ThreadGroup> group_;
   std::size_t rank_;
+  std::vector<float> scratch_f_;
+  std::vector<double> scratch_d_;
 };
 
 /// Runs fn(ThreadAllReduce&) on `n` threads, ranks 0..n-1. Rethrows the first exception after all
