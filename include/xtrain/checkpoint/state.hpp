@@ -44,12 +44,15 @@ struct NamedTensor {
 
 /// Where training stands: enough to continue bit-exactly.
 struct Progress {
-  std::uint64_t step = 0;              ///< optimizer steps taken
-  std::uint64_t epoch = 0;             ///< completed epochs
-  std::uint64_t samples_in_epoch = 0;  ///< samples of the current epoch already trained on
-  std::uint64_t global_batch = 0;      ///< samples per global step when saved
-  std::uint64_t data_seed = 0;         ///< seed of the data order and dropout
-  double epoch_sums[3] = {0, 0, 0};    ///< loss sum, correct, samples of the current epoch (all ranks)
+  std::uint64_t step = 0;                ///< optimizer steps taken
+  std::uint64_t epoch = 0;               ///< completed epochs
+  std::uint64_t samples_in_epoch = 0;    ///< samples of the current epoch already trained on
+  std::uint64_t global_batch = 0;        ///< samples per global step when saved
+  std::uint64_t data_seed = 0;           ///< seed of the data order and dropout
+  double epoch_sums[3] = {0, 0, 0};      ///< loss sum, correct, samples of the current epoch (all ranks)
+  float loss_scale = 0.0f;               ///< dynamic loss scale (fp16); 0: the run did not scale
+  std::uint64_t loss_scale_tracker = 0;  ///< clean steps since the scale last changed
+  std::uint64_t skipped_steps = 0;       ///< steps skipped for Inf/NaN gradients
   template <class Archive>
   void serialize(Archive& ar, unsigned) {
     ar& make_nvp("step", step);
@@ -58,6 +61,9 @@ struct Progress {
     ar& make_nvp("global_batch", global_batch);
     ar& make_nvp("data_seed", data_seed);
     ar& make_nvp("epoch_sums", epoch_sums);
+    ar& make_nvp("loss_scale", loss_scale);
+    ar& make_nvp("loss_scale_tracker", loss_scale_tracker);
+    ar& make_nvp("skipped_steps", skipped_steps);
   }
 };
 

@@ -65,6 +65,23 @@ consteval bool check_layer() {
   return Layer<L>;
 }
 
+/// A layer that also runs with activations stored as T (bf16, fp16): forward/backward over Batch<T>.
+template <class L, class T>
+concept LayerFor = requires(L& layer, Context& ctx, const Batch<T>& x) {
+  { layer.forward(ctx, x) } -> std::convertible_to<const Batch<T>&>;
+  { layer.backward(ctx, x) } -> std::convertible_to<const Batch<T>&>;
+};
+
+/// Fails compilation with a readable message when a layer cannot run with T activations.
+template <class L, class T>
+consteval bool check_layer_for() {
+  static_assert(LayerFor<L, T>,
+                "xtrain: this layer cannot run under MixedPrecision: it needs `forward` and `backward` over "
+                "Batch<T> for the policy's storage type (make them templates over xtrain::ActivationType T, as "
+                "the built-in layers are)");
+  return LayerFor<L, T>;
+}
+
 /// What an optimizer step needs besides parameters and gradients.
 struct StepInfo {
   float lr = 0.0f;         ///< learning rate of this step (after the schedule)

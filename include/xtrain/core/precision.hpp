@@ -46,12 +46,13 @@ constexpr std::uint16_t float_to_fp16_bits(float value) noexcept {
   return static_cast<std::uint16_t>(sign | r);
 }
 
-/// Widens IEEE binary16 bits to fp32 (exact, subnormals included).
+/// Widens IEEE binary16 bits to fp32 (exact, subnormals included; a signalling NaN is quieted).
 constexpr float fp16_bits_to_float(std::uint16_t h) noexcept {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t exponent = (h >> 10) & 0x1Fu;
   std::uint32_t mantissa = h & 0x3FFu;
-  if (exponent == 0x1Fu) return std::bit_cast<float>(sign | 0x7F800000u | (mantissa << 13));
+  if (exponent == 0x1Fu)  // Inf, or NaN quieted as vcvtph2ps does
+    return std::bit_cast<float>(sign | 0x7F800000u | (mantissa << 13) | (mantissa ? 0x400000u : 0u));
   if (exponent != 0) return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
   if (mantissa == 0) return std::bit_cast<float>(sign);
   // Subnormal: normalise the mantissa.

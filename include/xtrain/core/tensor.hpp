@@ -3,6 +3,7 @@
 /// Tensor aliases over xtensor. This is the ONLY header of the library that includes xtensor
 /// (xtensor 0.26 moved every header; one place to change).
 
+#include <concepts>
 #include <cstddef>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include <xtensor/xtensor.hpp>
 
 #include "xtrain/core/error.hpp"
+#include "xtrain/core/precision.hpp"
 
 namespace xtrain {
 
@@ -17,8 +19,34 @@ namespace xtrain {
 template <class T, std::size_t Rank>
 using Tensor = xt::xtensor<T, Rank>;
 
-/// A batch of feature rows: `[samples, features]`, fp32. Activations flow between layers as this.
-using Matrix = Tensor<float, 2>;
+/// A batch of feature rows `[samples, features]` stored as T (float, bf16 or fp16): activations
+/// flow between layers as this, in the storage type of the precision policy.
+template <class T>
+using Batch = Tensor<T, 2>;
+
+/// A batch of fp32 feature rows.
+using Matrix = Batch<float>;
+
+/// The types activations may be stored in.
+template <class T>
+concept ActivationType = std::same_as<T, float> || std::same_as<T, bf16> || std::same_as<T, fp16>;
+
+/// One batch buffer per activation type: a layer keeps its outputs in the one of the precision
+/// it runs in (the others stay empty).
+struct BatchBuffers {
+  Batch<float> f32;
+  Batch<bf16> b16;
+  Batch<fp16> f16;
+  template <ActivationType T>
+  Batch<T>& get() noexcept {
+    if constexpr (std::same_as<T, float>)
+      return f32;
+    else if constexpr (std::same_as<T, bf16>)
+      return b16;
+    else
+      return f16;
+  }
+};
 
 /// A dense fp32 vector.
 using Vector = Tensor<float, 1>;
@@ -30,7 +58,8 @@ std::vector<std::size_t> shape_of(const Tensor<T, Rank>& t) {
 }
 
 /// Resizes `m` to `rows x cols`; reallocates only when the shape changes.
-inline void ensure_shape(Matrix& m, std::size_t rows, std::size_t cols) {
+template <class T>
+void ensure_shape(Batch<T>& m, std::size_t rows, std::size_t cols) {
   if (m.shape(0) != rows || m.shape(1) != cols) m.resize({rows, cols});
 }
 

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <type_traits>
 
+#include "xtrain/kernels/convert.hpp"
 #include "xtrain/kernels/simd.hpp"
 
 namespace xtrain::kernels {
@@ -113,6 +115,34 @@ void activation_backward(const float* saved, const float* dy, float* dx, std::si
     std::copy(dy + i, dy + n, d);
     Op::backward(B::load_aligned(s), B::load_aligned(d)).store_aligned(s);
     std::copy(s, s + (n - i), dx + i);
+  }
+}
+
+/// Activation kernels over bf16/fp16 storage: widened in L1-sized chunks, computed in fp32 by
+/// the kernels above, rounded back (nearest even).
+template <class Op, class T, class Arch = simd::default_arch>
+requires(!std::is_same_v<T, float>) void activation_forward(const T* x, T* y, std::size_t n) noexcept {
+  constexpr std::size_t chunk = 1024;
+  alignas(64) float buf[chunk];
+  for (std::size_t i = 0; i < n; i += chunk) {
+    const std::size_t m = std::min(chunk, n - i);
+    to_float(x + i, buf, m);
+    activation_forward<Op, Arch>(buf, buf, m);
+    from_float(buf, y + i, m);
+  }
+}
+
+template <class Op, class T, class Arch = simd::default_arch>
+requires(!std::is_same_v<T, float>) void activation_backward(const T* saved, const T* dy, T* dx,
+                                                             std::size_t n) noexcept {
+  constexpr std::size_t chunk = 1024;
+  alignas(64) float s[chunk], d[chunk];
+  for (std::size_t i = 0; i < n; i += chunk) {
+    const std::size_t m = std::min(chunk, n - i);
+    to_float(saved + i, s, m);
+    to_float(dy + i, d, m);
+    activation_backward<Op, Arch>(s, d, d, m);
+    from_float(d, dx + i, m);
   }
 }
 

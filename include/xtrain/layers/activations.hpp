@@ -34,23 +34,29 @@ class Activation {
   explicit Activation(ActivationKind kind) : kind_(kind) {}
   explicit Activation(std::string_view name) : kind_(activation_kind(name)) {}
 
-  const Matrix& forward(Context&, const Matrix& x) {
-    ensure_shape(y_, x.shape(0), x.shape(1));
-    dispatch([&]<class Op>() { kernels::activation_forward<Op>(x.data(), y_.data(), x.size()); });
+  /// y = f(x), stored as x's type (fp32, or bf16/fp16 computed in fp32 and rounded).
+  template <ActivationType T>
+  const Batch<T>& forward(Context&, const Batch<T>& x) {
+    Batch<T>& y = y_.get<T>();
+    ensure_shape(y, x.shape(0), x.shape(1));
+    dispatch([&]<class Op>() { kernels::activation_forward<Op>(x.data(), y.data(), x.size()); });
     x_ = &x;
-    return y_;
+    return y;
   }
 
-  const Matrix& backward(Context&, const Matrix& dy) {
+  template <ActivationType T>
+  const Batch<T>& backward(Context&, const Batch<T>& dy) {
     XTRAIN_CHECK(x_ != nullptr, ValueError, describe(), ": backward called before forward");
-    XTRAIN_CHECK(dy.shape() == y_.shape(), ShapeError, describe(), ": gradient has shape ", shape_string(shape_of(dy)),
-                 ", expected ", shape_string(shape_of(y_)));
-    ensure_shape(dx_, dy.shape(0), dy.shape(1));
+    const Batch<T>& y = y_.get<T>();
+    XTRAIN_CHECK(dy.shape() == y.shape(), ShapeError, describe(), ": gradient has shape ", shape_string(shape_of(dy)),
+                 ", expected ", shape_string(shape_of(y)));
+    Batch<T>& dx = dx_.get<T>();
+    ensure_shape(dx, dy.shape(0), dy.shape(1));
     dispatch([&]<class Op>() {
-      const float* saved = Op::saves_input ? x_->data() : y_.data();
-      kernels::activation_backward<Op>(saved, dy.data(), dx_.data(), dy.size());
+      const T* saved = Op::saves_input ? static_cast<const Batch<T>*>(x_)->data() : y.data();
+      kernels::activation_backward<Op>(saved, dy.data(), dx.data(), dy.size());
     });
-    return dx_;
+    return dx;
   }
 
   template <class F>
@@ -91,8 +97,8 @@ class Activation {
   }
 
   ActivationKind kind_;
-  const Matrix* x_ = nullptr;
-  Matrix y_, dx_;
+  const void* x_ = nullptr;  // the Batch<T> of the last forward
+  BatchBuffers y_, dx_;
 };
 
 /// max(x, 0).

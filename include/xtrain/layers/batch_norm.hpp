@@ -9,12 +9,14 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/tensor.hpp"
+#include "xtrain/kernels/convert.hpp"
 #include "xtrain/parallel/communicator.hpp"
 
 namespace xtrain::layers {
@@ -58,7 +60,62 @@ class BatchNorm1d {
     return *this;
   }
 
-  const Matrix& forward(Context& ctx, const Matrix& x) {
+  /// Normalises x. With bf16/fp16 activations, x is widened and the statistics, the
+  /// normalisation and the saved x-hat are fp32; y is rounded to the activation type.
+  template <ActivationType T>
+  const Batch<T>& forward(Context& ctx, const Batch<T>& x) {
+    if constexpr (std::is_same_v<T, float>) {
+      return forward_f32(ctx, x);
+    } else {
+      ensure_shape(x32_, x.shape(0), x.shape(1));
+      kernels::to_float(x.data(), x32_.data(), x.size());
+      const Matrix& y = forward_f32(ctx, x32_);
+      Batch<T>& out = out_.get<T>();
+      ensure_shape(out, y.shape(0), y.shape(1));
+      kernels::from_float(y.data(), out.data(), y.size());
+      return out;
+    }
+  }
+
+  /// dgamma += sum(dy * xhat), dbeta += sum(dy); dx through the batch statistics when training.
+  template <ActivationType T>
+  const Batch<T>& backward(Context& ctx, const Batch<T>& dy) {
+    if constexpr (std::is_same_v<T, float>) {
+      return backward_f32(ctx, dy);
+    } else {
+      ensure_shape(x32_, dy.shape(0), dy.shape(1));
+      kernels::to_float(dy.data(), x32_.data(), dy.size());
+      const Matrix& dx = backward_f32(ctx, x32_);
+      Batch<T>& out = out_.get<T>();
+      ensure_shape(out, dx.shape(0), dx.shape(1));
+      kernels::from_float(dx.data(), out.data(), dx.size());
+      return out;
+    }
+  }
+
+  template <class F>
+  void visit_params(const std::string& prefix, F&& f) {
+    f(prefix + "weight", weight_);
+    f(prefix + "bias", bias_);
+  }
+  /// Running statistics, named as PyTorch's state_dict.
+  template <class F>
+  void visit_buffers(const std::string& prefix, F&& f) {
+    f(prefix + "running_mean", std::span<float>(running_mean_));
+    f(prefix + "running_var", std::span<float>(running_var_));
+    f(prefix + "num_batches_tracked", num_batches_tracked_);
+  }
+
+  Param& weight() noexcept { return weight_; }
+  Param& bias() noexcept { return bias_; }
+  std::span<const float> running_mean() const noexcept { return running_mean_; }
+  std::span<const float> running_var() const noexcept { return running_var_; }
+  std::int64_t num_batches_tracked() const noexcept { return num_batches_tracked_; }
+  std::size_t features() const noexcept { return features_; }
+  std::string describe() const { return (sync_ ? "SyncBatchNorm(" : "BatchNorm1d(") + std::to_string(features_) + ")"; }
+
+ private:
+  const Matrix& forward_f32(Context& ctx, const Matrix& x) {
     XTRAIN_CHECK(x.dimension() == 2 && x.shape(1) == features_, ShapeError, describe(), ": input has shape ",
                  shape_string(shape_of(x)), ", expected [batch, ", features_, "]");
     const std::size_t n = x.shape(0), c = features_;
@@ -115,8 +172,7 @@ class BatchNorm1d {
     return y_;
   }
 
-  /// dgamma += sum(dy * xhat), dbeta += sum(dy); dx through the batch statistics when training.
-  const Matrix& backward(Context& ctx, const Matrix& dy) {
+  const Matrix& backward_f32(Context& ctx, const Matrix& dy) {
     const std::size_t n = xhat_.shape(0), c = features_;
     XTRAIN_CHECK(dy.dimension() == 2 && dy.shape(0) == n && dy.shape(1) == c, ShapeError, describe(),
                  ": gradient has shape ", shape_string(shape_of(dy)), ", expected [", n, ", ", c, "]");
@@ -160,28 +216,6 @@ class BatchNorm1d {
     return dx_;
   }
 
-  template <class F>
-  void visit_params(const std::string& prefix, F&& f) {
-    f(prefix + "weight", weight_);
-    f(prefix + "bias", bias_);
-  }
-  /// Running statistics, named as PyTorch's state_dict.
-  template <class F>
-  void visit_buffers(const std::string& prefix, F&& f) {
-    f(prefix + "running_mean", std::span<float>(running_mean_));
-    f(prefix + "running_var", std::span<float>(running_var_));
-    f(prefix + "num_batches_tracked", num_batches_tracked_);
-  }
-
-  Param& weight() noexcept { return weight_; }
-  Param& bias() noexcept { return bias_; }
-  std::span<const float> running_mean() const noexcept { return running_mean_; }
-  std::span<const float> running_var() const noexcept { return running_var_; }
-  std::int64_t num_batches_tracked() const noexcept { return num_batches_tracked_; }
-  std::size_t features() const noexcept { return features_; }
-  std::string describe() const { return (sync_ ? "SyncBatchNorm(" : "BatchNorm1d(") + std::to_string(features_) + ")"; }
-
- private:
   std::size_t features_;
   float momentum_ = 0.1f, eps_ = 1e-5f;
   Param weight_, bias_;
@@ -192,6 +226,8 @@ class BatchNorm1d {
   bool training_ = true, sync_ = false, synced_ = false;
   double count_ = 0.0;  // rows the last training statistics came from
   Matrix xhat_, y_, dx_;
+  Matrix x32_;        // bf16/fp16 input or gradient widened
+  BatchBuffers out_;  // bf16/fp16 output or input gradient
 };
 
 /// BatchNorm1d with statistics over all ranks (PyTorch's SyncBatchNorm).

@@ -5,14 +5,17 @@
 /// (sample s, feature j) at step t is a pure function of (seed, layer, t, s, j) (counter-based),
 /// so it is the same on any number of ranks and after a resume.
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
+#include <type_traits>
 
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/rng.hpp"
 #include "xtrain/core/tensor.hpp"
+#include "xtrain/kernels/convert.hpp"
 
 namespace xtrain::layers {
 
@@ -23,12 +26,15 @@ class Dropout {
     XTRAIN_CHECK(p >= 0.0f && p <= 1.0f, ValueError, "Dropout(", p, "): p must be in [0, 1]");
   }
 
-  const Matrix& forward(Context& ctx, const Matrix& x) {
+  /// y = x * mask (bf16/fp16: multiplied in fp32 and rounded).
+  template <ActivationType T>
+  const Batch<T>& forward(Context& ctx, const Batch<T>& x) {
     active_ = ctx.training && p_ > 0.0f;
     if (!active_) return x;
     const std::size_t rows = x.shape(0), cols = x.shape(1);
     ensure_shape(mask_, rows, cols);
-    ensure_shape(y_, rows, cols);
+    Batch<T>& y = y_.get<T>();
+    ensure_shape(y, rows, cols);
     const float scale = p_ < 1.0f ? 1.0f / (1.0f - p_) : 0.0f;
     const std::uint64_t stream = streams::dropout | (static_cast<std::uint64_t>(ctx.layer) << 40) | ctx.step;
     // Element e of the global batch uses word e % 4 of Philox block e / 4.
@@ -41,19 +47,19 @@ class Dropout {
       for (std::size_t lane = e % 4; lane < 4 && i < n; ++lane, ++i)
         m[i] = bits_to_unit_float(block[lane]) >= p_ ? scale : 0.0f;
     }
-    const float* px = x.data();
-    float* py = y_.data();
-    for (std::size_t i = 0; i < n; ++i) py[i] = px[i] * m[i];
-    return y_;
+    multiply(x.data(), m, y.data(), n);
+    return y;
   }
 
-  const Matrix& backward(Context&, const Matrix& dy) {
+  template <ActivationType T>
+  const Batch<T>& backward(Context&, const Batch<T>& dy) {
     if (!active_) return dy;
     XTRAIN_CHECK(dy.shape() == mask_.shape(), ShapeError, describe(), ": gradient has shape ",
                  shape_string(shape_of(dy)), ", expected ", shape_string(shape_of(mask_)));
-    ensure_shape(dx_, dy.shape(0), dy.shape(1));
-    for (std::size_t i = 0; i < dy.size(); ++i) dx_.data()[i] = dy.data()[i] * mask_.data()[i];
-    return dx_;
+    Batch<T>& dx = dx_.get<T>();
+    ensure_shape(dx, dy.shape(0), dy.shape(1));
+    multiply(dy.data(), mask_.data(), dx.data(), dy.size());
+    return dx;
   }
 
   template <class F>
@@ -63,9 +69,27 @@ class Dropout {
   std::string describe() const { return "Dropout(p=" + std::to_string(p_) + ")"; }
 
  private:
+  // out[i] = in[i] * m[i], in fp32 (bf16/fp16 widened in chunks and rounded back).
+  template <class T>
+  static void multiply(const T* in, const float* m, T* out, std::size_t n) {
+    if constexpr (std::is_same_v<T, float>) {
+      for (std::size_t i = 0; i < n; ++i) out[i] = in[i] * m[i];
+    } else {
+      constexpr std::size_t chunk = 1024;
+      float buf[chunk];
+      for (std::size_t i = 0; i < n; i += chunk) {
+        const std::size_t len = std::min(chunk, n - i);
+        kernels::to_float(in + i, buf, len);
+        for (std::size_t j = 0; j < len; ++j) buf[j] *= m[i + j];
+        kernels::from_float(buf, out + i, len);
+      }
+    }
+  }
+
   float p_;
   bool active_ = false;
-  Matrix mask_, y_, dx_;
+  Matrix mask_;
+  BatchBuffers y_, dx_;
 };
 
 }  // namespace xtrain::layers

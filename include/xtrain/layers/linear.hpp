@@ -6,14 +6,18 @@
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/rng.hpp"
 #include "xtrain/core/tensor.hpp"
+#include "xtrain/kernels/convert.hpp"
 #include "xtrain/kernels/elementwise.hpp"
 #include "xtrain/kernels/gemm.hpp"
+#include "xtrain/kernels/gemm_lowp.hpp"
 
 namespace xtrain::layers {
 
@@ -37,39 +41,56 @@ class Linear {
 
   /// y[N, out] = x[N, in] W^T + b. Requires x.shape(1) == in_features. Keeps a pointer to x for
   /// backward: x must stay alive and unchanged until then (Sequential guarantees this).
-  const Matrix& forward(Context&, const Matrix& x) {
+  /// With bf16/fp16 activations the GEMM rounds x and W to that type and accumulates in fp32
+  /// (kernels/gemm_lowp.hpp); y is rounded to the activation type.
+  template <ActivationType T>
+  const Batch<T>& forward(Context&, const Batch<T>& x) {
     XTRAIN_CHECK(x.dimension() == 2 && x.shape(1) == in_, ShapeError, describe(), ": input has shape ",
                  shape_string(shape_of(x)), ", expected [batch, ", in_, "]");
     const std::size_t n = x.shape(0);
-    ensure_shape(y_, n, out_);
+    Batch<T>& y = y_.get<T>();
+    ensure_shape(y, n, out_);
+    float* acc = accumulator<T>(y, n * out_);
     float beta = 0.0f;
     if (has_bias()) {
-      kernels::broadcast_rows(bias_.data(), n, out_, y_.data());
+      kernels::broadcast_rows(bias_.data(), n, out_, acc);
       beta = 1.0f;
     }
-    kernels::gemm(kernels::Trans::no, kernels::Trans::yes, n, out_, in_, 1.0f, x.data(), in_, weight_.data(), in_, beta,
-                  y_.data(), out_);
+    gemm<T>(kernels::Trans::no, kernels::Trans::yes, n, out_, in_, x.data(), in_, weight_.data(), in_, beta, acc, out_);
+    if constexpr (!std::is_same_v<T, float>) kernels::from_float(acc, y.data(), n * out_);
     x_ = &x;
-    return y_;
+    return y;
   }
 
   /// dW += dy^T x, db += column sums of dy; dx = dy W when ctx.input_grad (else an empty matrix).
-  const Matrix& backward(Context& ctx, const Matrix& dy) {
+  template <ActivationType T>
+  const Batch<T>& backward(Context& ctx, const Batch<T>& dy) {
     XTRAIN_CHECK(x_ != nullptr, ValueError, describe(), ": backward called before forward");
-    const std::size_t n = x_->shape(0);
+    const Batch<T>& x = *static_cast<const Batch<T>*>(x_);
+    const std::size_t n = x.shape(0);
     XTRAIN_CHECK(dy.dimension() == 2 && dy.shape(0) == n && dy.shape(1) == out_, ShapeError, describe(),
                  ": gradient has shape ", shape_string(shape_of(dy)), ", expected [", n, ", ", out_, "]");
-    kernels::gemm(kernels::Trans::yes, kernels::Trans::no, out_, in_, n, 1.0f, dy.data(), out_, x_->data(), in_, 1.0f,
-                  weight_.grad(), in_);
-    if (has_bias()) kernels::column_sums(dy.data(), n, out_, bias_.grad(), true);
-    if (!ctx.input_grad) {
-      ensure_shape(dx_, 0, 0);
-      return dx_;
+    gemm<T>(kernels::Trans::yes, kernels::Trans::no, out_, in_, n, dy.data(), out_, x.data(), in_, 1.0f, weight_.grad(),
+            in_);
+    if (has_bias()) {
+      if constexpr (std::is_same_v<T, float>) {
+        kernels::column_sums(dy.data(), n, out_, bias_.grad(), true);
+      } else {
+        scratch_.resize(n * out_);
+        kernels::to_float(dy.data(), scratch_.data(), n * out_);
+        kernels::column_sums(scratch_.data(), n, out_, bias_.grad(), true);
+      }
     }
-    ensure_shape(dx_, n, in_);
-    kernels::gemm(kernels::Trans::no, kernels::Trans::no, n, in_, out_, 1.0f, dy.data(), out_, weight_.data(), in_,
-                  0.0f, dx_.data(), in_);
-    return dx_;
+    Batch<T>& dx = dx_.get<T>();
+    if (!ctx.input_grad) {
+      ensure_shape(dx, 0, 0);
+      return dx;
+    }
+    ensure_shape(dx, n, in_);
+    float* acc = accumulator<T>(dx, n * in_);
+    gemm<T>(kernels::Trans::no, kernels::Trans::no, n, in_, out_, dy.data(), out_, weight_.data(), in_, 0.0f, acc, in_);
+    if constexpr (!std::is_same_v<T, float>) kernels::from_float(acc, dx.data(), n * in_);
+    return dx;
   }
 
   template <class F>
@@ -88,10 +109,31 @@ class Linear {
   }
 
  private:
+  // fp32: the GEMM writes the output itself; bf16/fp16: it accumulates into fp32 scratch first.
+  template <class T>
+  float* accumulator(Batch<T>& out, std::size_t size) {
+    if constexpr (std::is_same_v<T, float>) {
+      return out.data();
+    } else {
+      scratch_.resize(size);
+      return scratch_.data();
+    }
+  }
+
+  template <class T, class A, class B>
+  static void gemm(kernels::Trans ta, kernels::Trans tb, std::size_t m, std::size_t n, std::size_t k, const A* a,
+                   std::size_t lda, const B* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+    if constexpr (std::is_same_v<T, float>)
+      kernels::gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+    else
+      kernels::gemm_lowp<T>(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+  }
+
   std::size_t in_, out_;
   Param weight_, bias_;
-  const Matrix* x_ = nullptr;
-  Matrix y_, dx_;
+  const void* x_ = nullptr;  // the Batch<T> of the last forward
+  BatchBuffers y_, dx_;
+  std::vector<float> scratch_;
 };
 
 }  // namespace xtrain::layers

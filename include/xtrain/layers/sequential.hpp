@@ -25,9 +25,12 @@ class Sequential {
  public:
   explicit Sequential(Layers... layers) : layers_(std::move(layers)...) {}
 
-  /// Runs the layers in order. The returned reference lives in the last layer until its next forward.
-  const Matrix& forward(Context& ctx, const Matrix& x) {
-    if constexpr (valid)
+  /// Runs the layers in order, activations stored as T between them (float, or bf16/fp16 under
+  /// MixedPrecision). The returned reference lives in the last layer until its next forward.
+  template <ActivationType T>
+  const Batch<T>& forward(Context& ctx, const Batch<T>& x) {
+    static_assert(!valid || (check_layer_for<Layers, T>() && ...));
+    if constexpr (valid && (LayerFor<Layers, T> && ...))
       return forward_from<0>(ctx, x);
     else
       return x;
@@ -36,10 +39,11 @@ class Sequential {
   /// Runs the layers' backward in reverse order. Layer 0 produces dx only if `ctx.input_grad`
   /// (the Trainer clears it: nothing needs the gradient of the data). After each layer,
   /// `ctx.grads_ready` (if set) is told that layer's parameter gradients are final.
-  const Matrix& backward(Context& ctx, const Matrix& dy) {
-    if constexpr (valid) {
+  template <ActivationType T>
+  const Batch<T>& backward(Context& ctx, const Batch<T>& dy) {
+    if constexpr (valid && (LayerFor<Layers, T> && ...)) {
       const bool want_input_grad = ctx.input_grad;
-      const Matrix& dx = backward_from<sizeof...(Layers) - 1>(ctx, dy, want_input_grad);
+      const Batch<T>& dx = backward_from<sizeof...(Layers) - 1>(ctx, dy, want_input_grad);
       ctx.input_grad = want_input_grad;
       return dx;
     } else {
@@ -96,22 +100,22 @@ class Sequential {
     (std::index_sequence_for<Layers...>{});
   }
 
-  template <std::size_t I>
-  const Matrix& forward_from(Context& ctx, const Matrix& x) {
+  template <std::size_t I, class T>
+  const Batch<T>& forward_from(Context& ctx, const Batch<T>& x) {
     if constexpr (I == sizeof...(Layers)) {
       return x;
     } else {
       ctx.layer = I;
-      const Matrix& y = std::get<I>(layers_).forward(ctx, x);
+      const Batch<T>& y = std::get<I>(layers_).forward(ctx, x);
       return forward_from<I + 1>(ctx, y);
     }
   }
 
-  template <std::size_t I>
-  const Matrix& backward_from(Context& ctx, const Matrix& dy, bool want_input_grad) {
+  template <std::size_t I, class T>
+  const Batch<T>& backward_from(Context& ctx, const Batch<T>& dy, bool want_input_grad) {
     ctx.layer = I;
     ctx.input_grad = I == 0 ? want_input_grad : true;
-    const Matrix& dx = std::get<I>(layers_).backward(ctx, dy);
+    const Batch<T>& dx = std::get<I>(layers_).backward(ctx, dy);
     if (ctx.grads_ready) ctx.grads_ready(ctx.grads_ready_user, I);
     if constexpr (I == 0)
       return dx;

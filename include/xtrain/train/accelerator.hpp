@@ -29,6 +29,7 @@
 #include "xtrain/data/loader.hpp"
 #include "xtrain/parallel/communicator.hpp"
 #include "xtrain/parallel/single_process.hpp"
+#include "xtrain/precision/policy.hpp"
 #include "xtrain/train/engine.hpp"
 
 namespace xtrain {
@@ -62,7 +63,9 @@ class AcceleratorOptions {
   EngineOptions engine_;
 };
 
-template <parallel::Communicator Communicator = parallel::SingleProcess>
+/// Communicator: SingleProcess, parallel::ThreadAllReduce, parallel::MpiAllReduce. PrecisionPolicy:
+/// FullPrecision, MixedPrecision<bf16>, MixedPrecision<fp16> (Accelerate's mixed_precision).
+template <parallel::Communicator Communicator = parallel::SingleProcess, Precision PrecisionPolicy = FullPrecision>
 class Accelerator {
  public:
   explicit Accelerator(Communicator communicator = {}, AcceleratorOptions options = {})
@@ -75,10 +78,11 @@ class Accelerator {
   /// The model and optimizer, data-parallel: parameters in one arena, rank 0's initial values on
   /// every rank (after a check that all ranks built the same model), gradient buckets.
   template <class Model, class Optimizer>
-  requires Layer<Model> && xtrain::Optimizer<Optimizer> Engine<Model, Optimizer, Communicator> prepare(
+  requires Layer<Model> && xtrain::Optimizer<Optimizer> Engine<Model, Optimizer, Communicator, PrecisionPolicy> prepare(
       Model model, Optimizer optimizer) {
     EngineOptions e = options_.engine();
-    return Engine<Model, Optimizer, Communicator>(std::move(model), std::move(optimizer), duplicate(), e);
+    return Engine<Model, Optimizer, Communicator, PrecisionPolicy>(std::move(model), std::move(optimizer), duplicate(),
+                                                                   e);
   }
 
   /// A loader over the global permutation of `data`, this rank's shard of each global batch of
@@ -108,14 +112,17 @@ class Accelerator {
     engine.backward(dlogits, sync);
   }
 
-  /// torch.nn.utils.clip_grad_norm_ on the (reduced) gradients; returns the norm before clipping.
+  /// torch.nn.utils.clip_grad_norm_ on the (reduced, unscaled) gradients; returns the norm
+  /// before clipping.
   template <class E>
   double clip_grad_norm(E& engine, double max_norm) {
+    engine.unscale_gradients();
     return optim::clip_grad_norm(engine.params().grads(), max_norm);
   }
-  /// torch.nn.utils.clip_grad_value_ on the (reduced) gradients.
+  /// torch.nn.utils.clip_grad_value_ on the (reduced, unscaled) gradients.
   template <class E>
   void clip_grad_value(E& engine, float clip_value) {
+    engine.unscale_gradients();
     optim::clip_grad_value(engine.params().grads(), clip_value);
   }
 

@@ -15,12 +15,14 @@
 #include "xtrain/core/concepts.hpp"
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/param_arena.hpp"
+#include "xtrain/kernels/convert.hpp"
 #include "xtrain/loss/cross_entropy.hpp"
 #include "xtrain/optim/clip.hpp"
 #include "xtrain/optim/schedule.hpp"
 #include "xtrain/parallel/buckets.hpp"
 #include "xtrain/parallel/communicator.hpp"
 #include "xtrain/parallel/tree_sum.hpp"
+#include "xtrain/precision/policy.hpp"
 #include "xtrain/train/metrics.hpp"
 
 namespace xtrain {
@@ -37,10 +39,16 @@ struct EngineOptions {
   std::uint64_t seed = 42;               ///< dropout streams
   float lr_factor = 1.0f;                ///< multiplies the optimizer's lr (linear scaling rule)
   optim::LrSchedule schedule = optim::LrSchedule::constant();
+  float loss_scale = 65536.0f;                      ///< initial dynamic loss scale (fp16 only)
+  std::uint64_t loss_scale_growth_interval = 2000;  ///< clean steps before the scale doubles (fp16 only)
 };
 
-template <class Model, class Optimizer, parallel::Communicator Communicator>
+template <class Model, class Optimizer, parallel::Communicator Communicator, Precision PrecisionPolicy = FullPrecision>
 class Engine {
+  /// The type activations are stored in between layers.
+  using act_t = typename PrecisionPolicy::storage_type;
+  static_assert(check_layer_for<Model, act_t>());
+
  public:
   /// Takes the model, moves its parameters into one arena, checks that every rank built the same
   /// model (names and shapes), and broadcasts rank 0's parameters and buffers.
@@ -54,7 +62,8 @@ class Engine {
         block_(arena_.size() / (shard_ ? comm_.size() : 1)),
         state_(optimizer_.init(block_)),
         buckets_(arena_, options_.bucket_bytes),
-        collectives_(comm_) {
+        collectives_(comm_),
+        scaler_(options_.loss_scale, 2.0f, 0.5f, options_.loss_scale_growth_interval) {
     XTRAIN_CHECK(options_.accumulate > 0, ValueError, "accumulate must be at least 1");
     if (options_.deterministic_chunk) check_deterministic_layout();
     XTRAIN_CHECK(!(shard_ && options_.deterministic_chunk), ValueError,
@@ -84,7 +93,8 @@ class Engine {
       backward(loss_.backward(), sync);
     }
     StepResult r{step_, loss, current_lr(), micro_samples_ + global_count};
-    if (step(sync, global_count)) r.step = step_;
+    r.skipped = !step(sync, global_count) && sync;
+    r.step = step_;
     return r;
   }
 
@@ -98,8 +108,13 @@ class Engine {
     if (micro_ == 0) arena_.zero_grad();
     ctx_ = context(true);
     ctx_.sample_offset = micro_samples_ + global_offset;
-    return model_.forward(ctx_, x);
+    return run_forward(ctx_, x);
   }
+
+  /// Forward in `ctx`'s mode (evaluation, prediction): fp32 rows in, fp32 logits out, whatever
+  /// the precision policy stores in between. The result lives in the engine or the model until
+  /// the next forward.
+  const Matrix& predict(Context& ctx, const Matrix& x) { return run_forward(ctx, x); }
 
   /// Backward of the last forward from d(loss)/d(logits), adding into the gradients. When `sync`
   /// (last micro-step of the window) the buckets' allreduces start during backward and are
@@ -111,7 +126,7 @@ class Engine {
       ctx_.grads_ready = &Engine::on_layer_done;
       ctx_.grads_ready_user = this;
     }
-    model_.backward(ctx_, dlogits);
+    run_backward(ctx_, dlogits);
     if (reduce) buckets_.finish(comm_, arena_.grads());
   }
 
@@ -125,21 +140,27 @@ class Engine {
     }
     const float lr = current_lr();
     ++step_;
-    if (shard_) {
-      sharded_step(lr);
-    } else {
-      if (options_.clip_norm > 0) optim::clip_grad_norm(arena_.grads(), options_.clip_norm);
-      if (options_.clip_value > 0) optim::clip_grad_value(arena_.grads(), options_.clip_value);
-      optimizer_.step(arena_.values(), arena_.grads(), state_, StepInfo{lr, step_});
-    }
     micro_ = 0;
     micro_samples_ = 0;
+    if (shard_) return sharded_step(lr);
+    // Mixed precision order: reduce (done) -> unscale -> check -> clip -> step, or skip.
+    if constexpr (PrecisionPolicy::uses_loss_scaling) {
+      unscale_gradients();  // the reduced gradients: every rank finds the same
+      unscaled_ = false;
+      scaler_.update(found_inf_);
+      if (found_inf_) return false;  // skipped: no optimizer step, the schedule does not advance
+    }
+    if (options_.clip_norm > 0) optim::clip_grad_norm(arena_.grads(), options_.clip_norm);
+    if (options_.clip_value > 0) optim::clip_grad_value(arena_.grads(), options_.clip_value);
+    optimizer_.step(arena_.values(), arena_.grads(), state_, StepInfo{lr, optimizer_steps()});
     return true;
   }
 
   /// Restores the step count, the seed of data order and dropout, and the schedule (resume).
   /// Requires: no accumulation window open.
   void restore(std::uint64_t step, std::uint64_t seed, const optim::LrSchedule& schedule) {
+    XTRAIN_CHECK(step >= scaler_.skipped_steps(), ValueError, "restore: step ", step, " is below the ",
+                 scaler_.skipped_steps(), " skipped steps of the loss scaler");
     step_ = step;
     options_.seed = seed;
     options_.schedule = schedule;
@@ -187,8 +208,28 @@ class Engine {
   /// Whether the next micro-step ends the accumulation window.
   bool sync_next() const noexcept { return micro_ + 1 == options_.accumulate; }
 
-  /// Learning rate of the next optimizer step.
-  float current_lr() const { return options_.schedule.lr(optimizer_.learning_rate() * options_.lr_factor, step_); }
+  /// Learning rate of the next optimizer step (the schedule counts the steps the optimizer took:
+  /// steps skipped for overflow do not advance it).
+  float current_lr() const {
+    return options_.schedule.lr(optimizer_.learning_rate() * options_.lr_factor, step_ - scaler_.skipped_steps());
+  }
+  /// Optimizer steps actually taken (global steps minus those skipped for overflow).
+  std::uint64_t optimizer_steps() const noexcept { return step_ - scaler_.skipped_steps(); }
+  /// The dynamic loss scaler (used only when the precision policy scales: fp16).
+  DynamicLossScaler& loss_scaler() noexcept { return scaler_; }
+  const DynamicLossScaler& loss_scaler() const noexcept { return scaler_; }
+  /// fp16: divides the reduced gradients by the loss scale and notes whether any is Inf or NaN,
+  /// once per optimizer step (step() does it when you have not; call it before clipping or
+  /// reading the gradients yourself). Other precisions: does nothing.
+  void unscale_gradients() {
+    if constexpr (PrecisionPolicy::uses_loss_scaling) {
+      if (unscaled_) return;
+      found_inf_ = scaler_.unscale_and_check(arena_.grads());
+      unscaled_ = true;
+    }
+  }
+  /// Whether this engine scales the loss (MixedPrecision<fp16>).
+  static constexpr bool uses_loss_scaling = PrecisionPolicy::uses_loss_scaling;
 
   /// Copies rank 0's buffers (BatchNorm running statistics) to every rank, as DDP does before
   /// evaluation and saving (ranks' per-rank statistics differ otherwise).
@@ -241,9 +282,15 @@ class Engine {
   // ZeRO stage 1 (Rajbhandari et al., arXiv:1910.02054): reduce-scatter the gradients, clip with
   // the global norm, step this rank's block of parameters with its block of optimizer state,
   // all-gather the parameters. Each rank does 1/N of the optimizer's work and holds 1/N of its state.
-  void sharded_step(float lr) {
+  bool sharded_step(float lr) {
     comm_.reduce_scatter_sum(arena_.grads(), "gradient reduce-scatter");
     auto grads = arena_.grads().subspan(offset(), block_);
+    if constexpr (PrecisionPolicy::uses_loss_scaling) {  // each rank checks its block; all must agree
+      double bad = scaler_.unscale_and_check(grads) ? 1.0 : 0.0;
+      comm_.allreduce_sum(std::span<double>(&bad, 1), "gradient overflow check");
+      scaler_.update(bad > 0.0);
+      if (bad > 0.0) return false;
+    }
     if (options_.clip_norm > 0) {
       double sq = 0.0;
       for (float g : grads) sq += static_cast<double>(g) * g;
@@ -253,8 +300,41 @@ class Engine {
         for (float& g : grads) g = static_cast<float>(g * coef);
     }
     if (options_.clip_value > 0) optim::clip_grad_value(grads, options_.clip_value);
-    optimizer_.step(arena_.values().subspan(offset(), block_), grads, state_, StepInfo{lr, step_});
+    optimizer_.step(arena_.values().subspan(offset(), block_), grads, state_, StepInfo{lr, optimizer_steps()});
     comm_.allgather_blocks(arena_.values(), "parameter all-gather");
+    return true;
+  }
+
+  // fp32 rows in, fp32 logits out; activations in between as the policy's storage type.
+  const Matrix& run_forward(Context& ctx, const Matrix& x) {
+    if constexpr (std::is_same_v<act_t, float>) {
+      return model_.forward(ctx, x);
+    } else {
+      ensure_shape(x_lp_, x.shape(0), x.shape(1));
+      kernels::from_float(x.data(), x_lp_.data(), x.size());
+      const Batch<act_t>& out = model_.forward(ctx, x_lp_);
+      ensure_shape(logits_, out.shape(0), out.shape(1));
+      kernels::to_float(out.data(), logits_.data(), out.size());
+      return logits_;
+    }
+  }
+
+  // d(loss)/d(logits) in fp32; multiplied by the loss scale (fp16) and rounded to the storage type.
+  void run_backward(Context& ctx, const Matrix& dlogits) {
+    if constexpr (std::is_same_v<act_t, float>) {
+      model_.backward(ctx, dlogits);
+    } else {
+      ensure_shape(dlogits_lp_, dlogits.shape(0), dlogits.shape(1));
+      if constexpr (PrecisionPolicy::uses_loss_scaling) {
+        scaled_.resize(dlogits.size());
+        const float s = scaler_.scale();
+        for (std::size_t i = 0; i < dlogits.size(); ++i) scaled_[i] = dlogits.data()[i] * s;
+        kernels::from_float(scaled_.data(), dlogits_lp_.data(), dlogits.size());
+      } else {
+        kernels::from_float(dlogits.data(), dlogits_lp_.data(), dlogits.size());
+      }
+      model_.backward(ctx, dlogits_lp_);
+    }
   }
 
   static void on_layer_done(void* self, std::size_t layer) {
@@ -280,11 +360,11 @@ class Engine {
         std::copy_n(x.data() + begin * d, (end - begin) * d, chunk_x_.data());
         Context ctx = context(true);
         ctx.sample_offset = offset + begin;
-        loss += loss_.forward(model_.forward(ctx, chunk_x_), y.subspan(begin, end - begin), normalizer);
+        loss += loss_.forward(run_forward(ctx, chunk_x_), y.subspan(begin, end - begin), normalizer);
         loss_sum_ += loss_.sum();
         correct_ += loss_.correct();
         ctx.input_grad = false;
-        model_.backward(ctx, loss_.backward());
+        run_backward(ctx, loss_.backward());
       }
       tree_.push(arena_.grads());
     }
@@ -372,6 +452,12 @@ class Engine {
   AlignedVector pending_, gathered_, root_;
   Matrix chunk_x_;
   Context ctx_;  // of the micro-step in flight (forward to backward)
+  // mixed precision
+  DynamicLossScaler scaler_;
+  Batch<act_t> x_lp_, dlogits_lp_;
+  Matrix logits_;
+  std::vector<float> scaled_;
+  bool unscaled_ = false, found_inf_ = false;
 };
 
 }  // namespace xtrain

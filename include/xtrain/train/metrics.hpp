@@ -17,10 +17,11 @@ struct EvalResult {
 
 /// One optimizer step, as callbacks see it.
 struct StepResult {
-  std::uint64_t step = 0;   ///< optimizer steps taken so far, this one included
+  std::uint64_t step = 0;   ///< global steps taken so far, this one included (skipped ones too)
   float loss = 0.0f;        ///< mean loss of this step's global batch
   float lr = 0.0f;          ///< learning rate used
   std::size_t samples = 0;  ///< samples in this step's global batch
+  bool skipped = false;     ///< fp16: the gradients overflowed, the optimizer did not step
 };
 
 /// One epoch of fit().

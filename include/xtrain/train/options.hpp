@@ -110,6 +110,15 @@ class TrainerOptions {
     total_limit_ = n;
     return *this;
   }
+  /// Initial loss scale of MixedPrecision<fp16> (ignored by other precisions); it then halves on
+  /// every overflow and doubles after `growth_interval` clean steps. Default 65536, 2000.
+  TrainerOptions& loss_scale(float init, std::uint64_t growth_interval = 2000) {
+    XTRAIN_CHECK(init > 0.0f && growth_interval > 0, ValueError,
+                 "TrainerOptions: loss_scale needs a positive scale and growth interval");
+    loss_scale_ = init;
+    loss_scale_growth_interval_ = growth_interval;
+    return *this;
+  }
   /// Print one line per epoch (and a progress bar on a terminal). Default true.
   TrainerOptions& verbose(bool v) {
     verbose_ = v;
@@ -134,6 +143,8 @@ class TrainerOptions {
   const std::string& project_dir() const noexcept { return project_dir_; }
   bool shard_optimizer() const noexcept { return shard_optimizer_; }
   std::size_t total_limit() const noexcept { return total_limit_; }
+  float loss_scale() const noexcept { return loss_scale_; }
+  std::uint64_t loss_scale_growth_interval() const noexcept { return loss_scale_growth_interval_; }
 
  private:
   std::size_t batch_size_ = 32, epochs_ = 10, eval_batch_size_ = 1024;
@@ -143,6 +154,8 @@ class TrainerOptions {
   std::size_t total_limit_ = 0;
   double clip_norm_ = 0.0;
   float clip_value_ = 0.0f;
+  float loss_scale_ = 65536.0f;
+  std::uint64_t loss_scale_growth_interval_ = 2000;
   std::uint64_t seed_ = 42;
   bool shuffle_ = true, drop_last_ = false, verbose_ = true;
   optim::LrSchedule schedule_ = optim::LrSchedule::constant();

@@ -133,7 +133,7 @@ class Trainer {
     for (std::size_t k = 0; k < loader.batches(); ++k) {
       const data::Batch batch = loader.batch(k);
       if (batch.y.empty()) continue;
-      loss.forward(engine_.model().forward(ctx, batch.x), batch.y);
+      loss.forward(engine_.predict(ctx, batch.x), batch.y);
       sums[0] += loss.sum();
       sums[1] += static_cast<double>(loss.correct());
       sums[2] += static_cast<double>(batch.y.size());
@@ -162,6 +162,9 @@ class Trainer {
     p.samples_in_epoch = batch_in_epoch_ * global_batch_size();
     p.global_batch = global_batch_size();
     p.data_seed = options_.seed();
+    if (engine_.uses_loss_scaling) p.loss_scale = engine_.loss_scaler().scale();
+    p.loss_scale_tracker = engine_.loss_scaler().growth_tracker();
+    p.skipped_steps = engine_.loss_scaler().skipped_steps();
     std::copy(epoch_sums_, epoch_sums_ + 3, p.epoch_sums);
     communicator().allreduce_sum(std::span<double>(p.epoch_sums, 3), "checkpoint metric sums");
     std::string error;
@@ -199,6 +202,11 @@ class Trainer {
                  p.samples_in_epoch, " samples of an epoch, not a multiple of this run's global batch ",
                  global_batch_size(), " (resume with a global batch that divides it)");
     options_.seed(p.data_seed).schedule(schedule);
+    // The loss scaler continues where it was (fp16 to fp16); a run that did not scale starts at
+    // the configured scale. Skipped steps count either way: the schedule position depends on them.
+    engine_.loss_scaler().restore(
+        p.loss_scale > 0.0f && engine_.uses_loss_scaling ? p.loss_scale : options_.loss_scale(),
+        p.loss_scale > 0.0f ? p.loss_scale_tracker : 0, p.skipped_steps);
     engine_.restore(p.step, p.data_seed, schedule);
     epoch_ = p.epoch;
     batch_in_epoch_ = p.samples_in_epoch / global_batch_size();
@@ -309,8 +317,14 @@ class Trainer {
   std::size_t rank() { return engine_.communicator().rank(); }
   std::size_t world_size() const noexcept { return world_; }
   bool is_main_process() { return rank() == 0; }
-  /// Optimizer steps taken.
+  /// Global steps taken (under fp16, steps skipped for overflow included).
   std::uint64_t step() const noexcept { return engine_.step(); }
+  /// Optimizer steps actually applied (step() minus the steps skipped for overflow).
+  std::uint64_t optimizer_steps() const noexcept { return engine_.optimizer_steps(); }
+  /// Learning rate of the next optimizer step.
+  float current_lr() const { return engine_.current_lr(); }
+  /// The dynamic loss scaler (in use under MixedPrecision<fp16> only).
+  const DynamicLossScaler& loss_scaler() const noexcept { return engine_.loss_scaler(); }
   /// Completed epochs.
   std::uint64_t epoch() const noexcept { return epoch_; }
   /// Time spent on gradient reductions since the start of the epoch (or the last reset).
@@ -339,6 +353,8 @@ class Trainer {
     e.seed = o.seed();
     e.lr_factor = o.scale_lr() ? static_cast<float>(world) : 1.0f;
     e.schedule = o.schedule();
+    e.loss_scale = o.loss_scale();
+    e.loss_scale_growth_interval = o.loss_scale_growth_interval();
     XTRAIN_CHECK(e.global_batch >= world, ValueError, "global batch ", e.global_batch, " is smaller than the ", world,
                  " ranks: every rank needs at least one sample per step");
     return e;
@@ -373,7 +389,7 @@ class Trainer {
 
   TrainerOptions options_;
   std::size_t world_;
-  Engine<Model, Optimizer, Communicator> engine_;
+  Engine<Model, Optimizer, Communicator, PrecisionPolicy> engine_;
   std::uint64_t epoch_ = 0;
   std::size_t batch_in_epoch_ = 0;          // next batch of the current epoch
   double epoch_sums_[3] = {0.0, 0.0, 0.0};  // this rank's running loss sum, correct, samples

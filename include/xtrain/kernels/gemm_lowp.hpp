@@ -1,0 +1,383 @@
+#pragma once
+/// \file gemm_lowp.hpp
+/// Mixed-precision GEMM: C(fp32) = alpha * op(A) * op(B) + beta * C, where the operands are
+/// rounded to the compute type T (bf16 or fp16) and the products are accumulated in fp32. Each
+/// operand may be stored as T (activations) or as fp32 (master weights: rounded to T while
+/// packing, so the weights are never copied to a separate low-precision buffer).
+///
+/// Two implementations, chosen at compile time:
+/// - bf16 with AVX512_BF16: `vdpbf16ps`, two multiply-adds per fp32 lane per instruction, twice
+///   the fp32 FMA rate. Operands are packed as bf16 pairs along K (B in 32-column panels, A in
+///   8-row panels, or read in place when it is already bf16 and not transposed).
+/// - otherwise (fp16 on any CPU, bf16 without AVX512_BF16): operands are widened to fp32 while
+///   packing (F16C / AVX-512 conversions where the target has them) and the fp32 micro-kernel of
+///   kernels/gemm.hpp runs. Correct everywhere, and as fast as fp32, not faster.
+/// Scalar twin: kernels/reference/gemm.hpp (`reference::gemm_lowp`).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "xtrain/core/precision.hpp"
+#include "xtrain/kernels/convert.hpp"
+#include "xtrain/kernels/gemm.hpp"
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define XTRAIN_HAS_AVX512_BF16 1
+#include <immintrin.h>
+#else
+#define XTRAIN_HAS_AVX512_BF16 0
+#endif
+
+// GCC 12 warns "'__Y' may be used uninitialized" inside its own AVX-512 headers (the
+// _mm512_undefined_* idiom, GCC bug 105593); silenced for this file only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace xtrain::kernels {
+
+/// Whether products in T run on native low-precision hardware in this build (else: widened to fp32).
+template <class T>
+inline constexpr bool native_lowp_gemm = std::is_same_v<T, bf16>&& XTRAIN_HAS_AVX512_BF16;
+
+/// What the GEMM in precision T runs on in this build, for the start-up report.
+template <class T>
+std::string gemm_kernel_name() {
+  if constexpr (std::is_same_v<T, float>) {
+    return std::string("fp32 FMA (") + simd::arch_name() + ")";
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    if constexpr (native_lowp_gemm<bf16>) return "avx512_bf16 (vdpbf16ps)";
+    return std::string("emulated: widened to fp32 (") + simd::arch_name() + "), no AVX512_BF16 in this build";
+  } else {
+    if (std::string(fp16_convert_isa()) == "scalar")
+      return std::string("emulated: scalar conversion to fp32 (") + simd::arch_name() + "), no F16C in this build";
+    return std::string("") + fp16_convert_isa() + " conversion + fp32 FMA (" + simd::arch_name() + ")";
+  }
+}
+
+namespace detail {
+
+/// n elements of S as fp32 values rounded to T (S = T: widened; S = float: rounded through T).
+template <class T, class S>
+void load_rounded(const S* src, std::size_t n, float* out) noexcept {
+  if constexpr (std::is_same_v<S, float>) {
+    alignas(64) T tmp[256];
+    for (std::size_t i = 0; i < n; i += 256) {
+      const std::size_t m = std::min<std::size_t>(256, n - i);
+      from_float(src + i, tmp, m);
+      to_float(tmp, out + i, m);
+    }
+  } else {
+    to_float(src, out, n);
+  }
+}
+
+inline std::vector<float, xsimd::aligned_allocator<float, 64>>& lowp_row_buffer() {
+  thread_local std::vector<float, xsimd::aligned_allocator<float, 64>> row;
+  return row;
+}
+
+/// pack_b of kernels/gemm.hpp for operands stored as S and rounded to T.
+template <class Arch, class T, class S>
+void pack_b_widen(Trans tb, const S* B, std::size_t ldb, std::size_t k0, std::size_t kc, std::size_t j0, std::size_t nc,
+                  float* dst) {
+  constexpr std::size_t nr = GemmShape<Arch>::nr;
+  auto& row = lowp_row_buffer();
+  if (row.size() < kc) row.resize(kc);
+  for (std::size_t jp = 0; jp < nc; jp += nr) {
+    const std::size_t width = std::min(nr, nc - jp);
+    float* panel = dst + jp * kc;
+    if (tb == Trans::no) {
+      for (std::size_t k = 0; k < kc; ++k) {
+        float* out = panel + k * nr;
+        load_rounded<T>(B + (k0 + k) * ldb + j0 + jp, width, out);
+        std::fill(out + width, out + nr, 0.0f);
+      }
+    } else {
+      if (width < nr)
+        for (std::size_t k = 0; k < kc; ++k) std::fill(panel + k * nr + width, panel + (k + 1) * nr, 0.0f);
+      for (std::size_t j = 0; j < width; ++j) {
+        load_rounded<T>(B + (j0 + jp + j) * ldb + k0, kc, row.data());
+        for (std::size_t k = 0; k < kc; ++k) panel[k * nr + j] = row[k];
+      }
+    }
+  }
+}
+
+/// pack_a of kernels/gemm.hpp for operands stored as S and rounded to T.
+template <class Arch, class T, class S>
+void pack_a_widen(Trans ta, const S* A, std::size_t lda, std::size_t i0, std::size_t mc, std::size_t k0, std::size_t kc,
+                  float* dst) {
+  constexpr std::size_t mr = GemmShape<Arch>::mr;
+  auto& row = lowp_row_buffer();
+  if (row.size() < std::max(kc, mr)) row.resize(std::max(kc, mr));
+  for (std::size_t ip = 0; ip < mc; ip += mr) {
+    const std::size_t height = std::min(mr, mc - ip);
+    float* panel = dst + ip * kc;
+    if (ta == Trans::yes) {
+      for (std::size_t k = 0; k < kc; ++k) {
+        float* out = panel + k * mr;
+        load_rounded<T>(A + (k0 + k) * lda + i0 + ip, height, out);
+        std::fill(out + height, out + mr, 0.0f);
+      }
+    } else {
+      if (height < mr)
+        for (std::size_t k = 0; k < kc; ++k) std::fill(panel + k * mr + height, panel + (k + 1) * mr, 0.0f);
+      for (std::size_t i = 0; i < height; ++i) {
+        load_rounded<T>(A + (i0 + ip + i) * lda + k0, kc, row.data());
+        for (std::size_t k = 0; k < kc; ++k) panel[k * mr + i] = row[k];
+      }
+    }
+  }
+}
+
+/// The widening implementation: packs fp32 panels and runs the fp32 micro-kernel.
+template <class Arch, class T, class TA, class TB>
+void gemm_widen(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* A,
+                std::size_t lda, const TB* B, std::size_t ldb, float beta, float* C, std::size_t ldc) {
+  using shape = GemmShape<Arch>;
+  auto& bbuf = pack_buffer(0);
+  auto& abuf = pack_buffer(1);
+  const std::size_t nc_max = std::min(shape::nc, (N + shape::nr - 1) / shape::nr * shape::nr);
+  const std::size_t mc_max = std::min(shape::mc, (M + shape::mr - 1) / shape::mr * shape::mr);
+  const std::size_t kc_max = std::min(shape::kc, K);
+  if (bbuf.size() < nc_max * kc_max) bbuf.resize(nc_max * kc_max);
+  if (abuf.size() < mc_max * kc_max) abuf.resize(mc_max * kc_max);
+  for (std::size_t j0 = 0; j0 < N; j0 += shape::nc) {
+    const std::size_t nc = std::min(shape::nc, N - j0);
+    for (std::size_t k0 = 0; k0 < K; k0 += shape::kc) {
+      const std::size_t kc = std::min(shape::kc, K - k0);
+      const float beta_block = k0 == 0 ? beta : 1.0f;
+      pack_b_widen<Arch, T>(tb, B, ldb, k0, kc, j0, nc, bbuf.data());
+      for (std::size_t i0 = 0; i0 < M; i0 += shape::mc) {
+        const std::size_t mc = std::min(shape::mc, M - i0);
+        pack_a_widen<Arch, T>(ta, A, lda, i0, mc, k0, kc, abuf.data());
+        for (std::size_t jr = 0; jr < nc; jr += shape::nr)
+          for (std::size_t ir = 0; ir < mc; ir += shape::mr)
+            micro_kernel<Arch, true>(kc, abuf.data() + ir * kc, 0, bbuf.data() + jr * kc, alpha, beta_block,
+                                     C + (i0 + ir) * ldc + j0 + jr, ldc, std::min(shape::mr, mc - ir),
+                                     std::min(shape::nr, nc - jr));
+      }
+    }
+  }
+}
+
+#if XTRAIN_HAS_AVX512_BF16
+/// The AVX512_BF16 implementation. A "word" holds the bf16 pair (k, k+1) of one row or column,
+/// element k in the low half, as `vdpbf16ps` reads it.
+namespace dot {
+
+constexpr std::size_t mr = 8;     ///< rows of a register tile (8 x 2 accumulators)
+constexpr std::size_t nr = 32;    ///< columns of a register tile (two zmm of 16 fp32)
+constexpr std::size_t kc = 512;   ///< K elements per packed block (256 words: a B panel is 32 KiB)
+constexpr std::size_t mc = 128;   ///< rows of a packed A block
+constexpr std::size_t nc = 1024;  ///< columns of a packed B block
+
+using word_unaligned = std::uint32_t __attribute__((aligned(2), may_alias));
+
+inline std::vector<std::uint32_t, xsimd::aligned_allocator<std::uint32_t, 64>>& word_buffer(int which) {
+  thread_local std::vector<std::uint32_t, xsimd::aligned_allocator<std::uint32_t, 64>> buffers[2];
+  return buffers[which];
+}
+
+/// Up to 16 consecutive elements as 16 bf16 (zero past n).
+inline __m256i load16(const float* p, std::size_t n) noexcept {
+  const __mmask16 m = n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u);
+  return kernels::detail::round_bf16(_mm512_maskz_loadu_ps(m, p));
+}
+inline __m256i load16(const bf16* p, std::size_t n) noexcept {
+  const __mmask16 m = n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u);
+  return _mm256_maskz_loadu_epi16(m, p);
+}
+
+/// Words of two rows: lane j = (lo[j], hi[j]).
+inline __m512i interleave(__m256i lo, __m256i hi) noexcept {
+  return _mm512_or_si512(_mm512_cvtepu16_epi32(lo), _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
+}
+
+/// Pairs ACROSS stored rows: op(X)(k, c) = X[k * ld + c] (B not transposed, or A transposed).
+/// Writes panels of `pw` words per k-pair (pw = nr for B, mr for A) for columns [c0, c0 + width).
+template <class S>
+void pack_across(const S* X, std::size_t ld, std::size_t k0, std::size_t kc, std::size_t c0, std::size_t width,
+                 std::size_t pw, std::uint32_t* dst) {
+  const std::size_t kp = (kc + 1) / 2;
+  for (std::size_t cp = 0; cp < width; cp += pw) {
+    const std::size_t w = std::min(pw, width - cp);
+    std::uint32_t* panel = dst + cp * kp;
+    for (std::size_t p = 0; p < kp; ++p) {
+      const S* r0 = X + (k0 + 2 * p) * ld + c0 + cp;
+      const bool has_hi = 2 * p + 1 < kc;
+      for (std::size_t g = 0; g < pw; g += 16) {
+        const std::size_t n = w > g ? std::min<std::size_t>(16, w - g) : 0;
+        const __m256i lo = n ? load16(r0 + g, n) : _mm256_setzero_si256();
+        const __m256i hi = n && has_hi ? load16(r0 + ld + g, n) : _mm256_setzero_si256();
+        const __m512i words = interleave(lo, hi);
+        const std::size_t store = std::min<std::size_t>(16, pw - g);
+        _mm512_mask_storeu_epi32(panel + p * pw + g, __mmask16((1u << store) - 1u), words);
+      }
+    }
+  }
+}
+
+/// Pairs ALONG stored rows: op(X)(k, c) = X[c * ld + k] (B transposed, or A not transposed).
+template <class S>
+void pack_along(const S* X, std::size_t ld, std::size_t k0, std::size_t kc, std::size_t c0, std::size_t width,
+                std::size_t pw, std::uint32_t* dst) {
+  const std::size_t kp = (kc + 1) / 2;
+  alignas(64) std::uint32_t tmp[16];
+  for (std::size_t cp = 0; cp < width; cp += pw) {
+    const std::size_t w = std::min(pw, width - cp);
+    std::uint32_t* panel = dst + cp * kp;
+    for (std::size_t c = 0; c < pw; ++c) {
+      if (c >= w) {
+        for (std::size_t p = 0; p < kp; ++p) panel[p * pw + c] = 0;
+        continue;
+      }
+      const S* row = X + (c0 + cp + c) * ld + k0;
+      for (std::size_t k = 0; k < kc; k += 32) {
+        const std::size_t n = std::min<std::size_t>(32, kc - k);
+        const __m256i a = load16(row + k, n), b = n > 16 ? load16(row + k + 16, n - 16) : _mm256_setzero_si256();
+        _mm512_store_si512(tmp, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+        const std::size_t words = (n + 1) / 2;
+        std::uint32_t* out = panel + (k / 2) * pw + c;
+        for (std::size_t q = 0; q < words; ++q) out[q * pw] = tmp[q];
+      }
+    }
+  }
+}
+
+/// C[0:mr, 0:nr] = alpha * A * B + beta * C over `kp` word pairs. A: packed (word (r, p) at
+/// a[p * mr + r]) or in place (`arow[r][p]`).
+template <bool PackedA>
+inline void micro_kernel(std::size_t kp, const std::uint32_t* __restrict a, const word_unaligned* const* arow,
+                         const std::uint32_t* __restrict b, float alpha, float beta, float* __restrict c,
+                         std::size_t ldc, std::size_t rows, std::size_t cols) {
+  __m512 acc0[mr], acc1[mr];
+#pragma GCC unroll 8
+  for (std::size_t r = 0; r < mr; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  for (std::size_t p = 0; p < kp; ++p) {
+    const __m512bh b0 = (__m512bh)_mm512_load_si512(b + p * nr);
+    const __m512bh b1 = (__m512bh)_mm512_load_si512(b + p * nr + 16);
+#pragma GCC unroll 8
+    for (std::size_t r = 0; r < mr; ++r) {
+      const std::uint32_t word = PackedA ? a[p * mr + r] : arow[r][p];
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(word));
+      acc0[r] = _mm512_dpbf16_ps(acc0[r], av, b0);
+      acc1[r] = _mm512_dpbf16_ps(acc1[r], av, b1);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  if (rows == mr && cols == nr) {
+#pragma GCC unroll 8
+    for (std::size_t r = 0; r < mr; ++r) {
+      float* row = c + r * ldc;
+      if (beta == 0.0f) {
+        _mm512_storeu_ps(row, _mm512_mul_ps(va, acc0[r]));
+        _mm512_storeu_ps(row + 16, _mm512_mul_ps(va, acc1[r]));
+      } else {
+        _mm512_storeu_ps(row, _mm512_fmadd_ps(va, acc0[r], _mm512_mul_ps(vb, _mm512_loadu_ps(row))));
+        _mm512_storeu_ps(row + 16, _mm512_fmadd_ps(va, acc1[r], _mm512_mul_ps(vb, _mm512_loadu_ps(row + 16))));
+      }
+    }
+    return;
+  }
+  alignas(64) float tile[mr * nr];
+  for (std::size_t r = 0; r < mr; ++r) {
+    _mm512_store_ps(tile + r * nr, acc0[r]);
+    _mm512_store_ps(tile + r * nr + 16, acc1[r]);
+  }
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t j = 0; j < cols; ++j) {
+      float& out = c[r * ldc + j];
+      out = beta == 0.0f ? alpha * tile[r * nr + j] : alpha * tile[r * nr + j] + beta * out;
+    }
+}
+
+template <class TA, class TB>
+void gemm(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* A, std::size_t lda,
+          const TB* B, std::size_t ldb, float beta, float* C, std::size_t ldc) {
+  auto& bbuf = word_buffer(0);
+  auto& abuf = word_buffer(1);
+  const std::size_t kp_max = (std::min(kc, K) + 1) / 2;
+  const std::size_t nc_max = std::min(nc, (N + nr - 1) / nr * nr), mc_max = std::min(mc, (M + mr - 1) / mr * mr);
+  if (bbuf.size() < nc_max * kp_max) bbuf.resize(nc_max * kp_max);
+  if (abuf.size() < mc_max * kp_max) abuf.resize(mc_max * kp_max);
+  for (std::size_t j0 = 0; j0 < N; j0 += nc) {
+    const std::size_t ncur = std::min(nc, N - j0);
+    for (std::size_t k0 = 0; k0 < K; k0 += kc) {
+      const std::size_t kcur = std::min(kc, K - k0), kp = (kcur + 1) / 2;
+      const float beta_block = k0 == 0 ? beta : 1.0f;
+      if (tb == Trans::no)
+        pack_across(B, ldb, k0, kcur, j0, ncur, nr, bbuf.data());
+      else
+        pack_along(B, ldb, k0, kcur, j0, ncur, nr, bbuf.data());
+      // bf16 rows of A already hold the words the kernel broadcasts: no packing.
+      const bool in_place = std::is_same_v<TA, bf16> && ta == Trans::no && kcur % 2 == 0;
+      for (std::size_t i0 = 0; i0 < M; i0 += mc) {
+        const std::size_t mcur = std::min(mc, M - i0);
+        if (!in_place) {
+          if (ta == Trans::yes)
+            pack_across(A, lda, k0, kcur, i0, mcur, mr, abuf.data());
+          else
+            pack_along(A, lda, k0, kcur, i0, mcur, mr, abuf.data());
+        }
+        for (std::size_t jr = 0; jr < ncur; jr += nr)
+          for (std::size_t ir = 0; ir < mcur; ir += mr) {
+            const std::size_t rows = std::min(mr, mcur - ir), cols = std::min(nr, ncur - jr);
+            float* c = C + (i0 + ir) * ldc + j0 + jr;
+            if (in_place) {
+              const word_unaligned* arow[mr];
+              for (std::size_t r = 0; r < mr; ++r)
+                arow[r] = reinterpret_cast<const word_unaligned*>(A + (i0 + ir + std::min(r, rows - 1)) * lda + k0);
+              micro_kernel<false>(kp, nullptr, arow, bbuf.data() + jr * kp, alpha, beta_block, c, ldc, rows, cols);
+            } else {
+              micro_kernel<true>(kp, abuf.data() + ir * kp, nullptr, bbuf.data() + jr * kp, alpha, beta_block, c, ldc,
+                                 rows, cols);
+            }
+          }
+      }
+    }
+  }
+}
+
+}  // namespace dot
+#endif
+
+}  // namespace detail
+
+/// C[M,N] (fp32) = alpha * op(A) * op(B) + beta * C with the operands rounded to T (bf16 or fp16)
+/// and fp32 accumulation. TA and TB are each T or float. Same conventions as kernels::gemm
+/// (row-major, strides as stored, beta == 0 ignores C).
+template <class T, class Arch = simd::default_arch, class TA, class TB>
+void gemm_lowp(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* A,
+               std::size_t lda, const TB* B, std::size_t ldb, float beta, float* C, std::size_t ldc) {
+  static_assert(std::is_same_v<T, bf16> || std::is_same_v<T, fp16>, "gemm_lowp computes in bf16 or fp16");
+  static_assert(
+      (std::is_same_v<TA, T> || std::is_same_v<TA, float>)&&(std::is_same_v<TB, T> || std::is_same_v<TB, float>),
+      "gemm_lowp operands are stored as the compute type or as fp32");
+  if (M == 0 || N == 0) return;
+  if (K == 0 || alpha == 0.0f) {
+    for (std::size_t i = 0; i < M; ++i)
+      for (std::size_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    return;
+  }
+#if XTRAIN_HAS_AVX512_BF16
+  if constexpr (std::is_same_v<T, bf16> && std::is_same_v<Arch, simd::default_arch>) {
+    detail::dot::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+#endif
+  detail::gemm_widen<Arch, T>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+}  // namespace xtrain::kernels
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif

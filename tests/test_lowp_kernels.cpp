@@ -1,0 +1,191 @@
+// Low-precision kernels against their scalar twins: fp32 <-> bf16/fp16 conversions over edge
+// values and dense bit patterns, and the mixed-precision GEMM at every transposition, with the
+// operands stored as the compute type or as fp32. This file is also built with -march=x86-64-v2
+// and -march=x86-64-v3 (xtrain_portable_tests), where the fallback paths run.
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "xtrain/core/rng.hpp"
+#include "xtrain/kernels/convert.hpp"
+#include "xtrain/kernels/gemm_lowp.hpp"
+#include "xtrain/kernels/reference/convert.hpp"
+#include "xtrain/kernels/reference/gemm.hpp"
+
+using namespace xtrain;
+using kernels::Trans;
+
+namespace {
+
+/// Edge values, then every float whose bits are a multiple of `stride` (both signs), then the
+/// same shifted by one: rounding ties, subnormals, the overflow threshold, NaN payloads.
+std::vector<float> conversion_inputs(std::uint32_t stride) {
+  std::vector<float> v = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          -1.0f,
+                          65504.0f,
+                          65519.99f,
+                          65520.0f,
+                          -65520.0f,
+                          6.1035156e-5f,
+                          5.9604645e-8f,
+                          2.9802322e-8f,
+                          2.9802326e-8f,
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::max(),
+                          -std::numeric_limits<float>::max(),
+                          std::numeric_limits<float>::min(),
+                          std::numeric_limits<float>::denorm_min(),
+                          std::numeric_limits<float>::quiet_NaN(),
+                          std::bit_cast<float>(0x7F800001u),   // signalling NaN
+                          std::bit_cast<float>(0xFFC12345u),   // negative NaN with payload
+                          std::bit_cast<float>(0x3F808000u),   // bf16 tie, rounds to even (down)
+                          std::bit_cast<float>(0x3F818000u),   // bf16 tie, rounds up
+                          std::bit_cast<float>(0x7F7FFFFFu),   // rounds to bf16 Inf
+                          std::bit_cast<float>(0x3F801000u),   // fp16 tie
+                          std::bit_cast<float>(0x3F803000u)};  // fp16 tie, rounds up
+  for (std::uint64_t bits = 0; bits <= 0xFFFFFFFFu; bits += stride) {
+    v.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(bits)));
+    v.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(bits + 1)));
+  }
+  return v;
+}
+
+template <class T>
+std::uint16_t bits_of(T v) {
+  return v.bits;
+}
+
+template <class T>
+void check_conversions() {
+  const auto in = conversion_inputs(4099);  // ~2.1M values, odd count: exercises the tails
+  std::vector<T> out(in.size()), ref(in.size());
+  kernels::from_float(in.data(), out.data(), in.size());
+  kernels::reference::from_float(in.data(), ref.data(), in.size());
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    INFO(T::name << " narrowing of bits 0x" << std::hex << std::bit_cast<std::uint32_t>(in[i]));
+    if (bits_of(out[i]) != bits_of(ref[i])) REQUIRE(bits_of(out[i]) == bits_of(ref[i]));
+  }
+  // Widening: all 65,536 patterns, bit-exact (NaN compared by bits).
+  std::vector<T> all(65536 + 5);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = T::from_bits(static_cast<std::uint16_t>(i));
+  std::vector<float> wide(all.size()), wide_ref(all.size());
+  kernels::to_float(all.data(), wide.data(), all.size());
+  kernels::reference::to_float(all.data(), wide_ref.data(), all.size());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    INFO(T::name << " widening of bits 0x" << std::hex << i);
+    if (std::bit_cast<std::uint32_t>(wide[i]) != std::bit_cast<std::uint32_t>(wide_ref[i]))
+      REQUIRE(std::bit_cast<std::uint32_t>(wide[i]) == std::bit_cast<std::uint32_t>(wide_ref[i]));
+  }
+}
+
+std::vector<float> random_vector(std::size_t n, std::uint64_t seed) {
+  Generator g(seed, streams::user);
+  std::vector<float> v(n);
+  for (float& x : v) x = g.uniform(-1.0f, 1.0f);
+  return v;
+}
+
+template <class T, class Arch, class TA, class TB>
+void check_gemm_lowp(std::size_t M, std::size_t N, std::size_t K, Trans ta, Trans tb, float alpha, float beta) {
+  const std::size_t lda = (ta == Trans::no ? K : M) + 3, ldb = (tb == Trans::no ? N : K) + 1, ldc = N + 2;
+  const auto a32 = random_vector((ta == Trans::no ? M : K) * lda, 1);
+  const auto b32 = random_vector((tb == Trans::no ? K : N) * ldb, 2);
+  std::vector<TA> A(a32.size());
+  std::vector<TB> B(b32.size());
+  for (std::size_t i = 0; i < A.size(); ++i) A[i] = kernels::narrow<TA>(a32[i]);
+  for (std::size_t i = 0; i < B.size(); ++i) B[i] = kernels::narrow<TB>(b32[i]);
+  auto C = random_vector(M * ldc, 3);
+  if (beta == 0.0f)
+    for (float& c : C) c = std::numeric_limits<float>::quiet_NaN();
+  auto ref = C;
+  kernels::gemm_lowp<T, Arch>(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+  kernels::reference::gemm_lowp<T>(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, ref.data(), ldc);
+  // Products of rounded operands are exact in fp32; only the fp32 accumulation order differs.
+  const float tol = 2e-6f * static_cast<float>(K + 4);
+  for (std::size_t i = 0; i < M; ++i)
+    for (std::size_t j = 0; j < N; ++j) {
+      INFO(T::name << " " << Arch::name() << " M=" << M << " N=" << N << " K=" << K << " ta=" << (ta == Trans::yes)
+                   << " tb=" << (tb == Trans::yes) << " A fp32=" << (std::is_same_v<TA, float>) << " B fp32="
+                   << (std::is_same_v<TB, float>) << " at (" << i << ", " << j << ")");
+      const float d = std::abs(C[i * ldc + j] - ref[i * ldc + j]);
+      if (!(d <= tol)) REQUIRE(d <= tol);
+    }
+  if (beta != 0.0f)
+    for (std::size_t i = 0; i < M; ++i) REQUIRE(C[i * ldc + N] == ref[i * ldc + N]);
+}
+
+template <class T, class Arch>
+void gemm_lowp_suite() {
+  const std::array<std::size_t, 3> sizes[] = {{1, 1, 1},     {3, 5, 7},     {8, 32, 17},    {32, 32, 784},
+                                              {33, 65, 257}, {9, 40, 1030}, {129, 47, 513}, {2, 1100, 3}};
+  for (auto [M, N, K] : sizes)
+    for (Trans ta : {Trans::no, Trans::yes})
+      for (Trans tb : {Trans::no, Trans::yes}) {
+        check_gemm_lowp<T, Arch, T, T>(M, N, K, ta, tb, 1.0f, 0.0f);
+        check_gemm_lowp<T, Arch, T, float>(M, N, K, ta, tb, 1.0f, 0.0f);
+        check_gemm_lowp<T, Arch, float, T>(M, N, K, ta, tb, 1.0f, 0.0f);
+      }
+  check_gemm_lowp<T, Arch, T, float>(31, 45, 70, Trans::no, Trans::yes, 0.5f, 1.0f);
+  check_gemm_lowp<T, Arch, T, T>(31, 45, 70, Trans::yes, Trans::no, -2.0f, 0.25f);
+  check_gemm_lowp<T, Arch, T, T>(20, 20, 0, Trans::no, Trans::no, 1.0f, 0.5f);
+}
+
+}  // namespace
+
+TEST_CASE("bf16 conversions are bit-exact with the scalar twin", "[kernels][precision]") {
+  INFO("conversion instructions: " << kernels::bf16_convert_isa());
+  check_conversions<bf16>();
+}
+
+TEST_CASE("fp16 conversions are bit-exact with the scalar twin", "[kernels][precision]") {
+  INFO("conversion instructions: " << kernels::fp16_convert_isa());
+  check_conversions<fp16>();
+}
+
+TEST_CASE("bf16 GEMM matches the scalar reference (this build's kernel)", "[kernels][precision][gemm]") {
+  INFO(kernels::gemm_kernel_name<bf16>());
+  gemm_lowp_suite<bf16, simd::default_arch>();
+}
+
+TEST_CASE("fp16 GEMM matches the scalar reference (this build's kernel)", "[kernels][precision][gemm]") {
+  INFO(kernels::gemm_kernel_name<fp16>());
+  gemm_lowp_suite<fp16, simd::default_arch>();
+}
+
+TEST_CASE("bf16 GEMM's widening fallback matches the scalar reference (SSE2)", "[kernels][precision][gemm]") {
+  gemm_lowp_suite<bf16, xsimd::sse2>();
+}
+
+TEST_CASE("bf16 GEMM on exactly representable integers is exact", "[kernels][precision][gemm]") {
+  // Small integers are exact in bf16 and every partial sum is exact in fp32: any packing slip
+  // shows as a wrong integer. Shapes of the homework and wide models' forward and backward.
+  for (auto [M, N, K] : {std::array<std::size_t, 3>{32, 32, 784}, {256, 1024, 784}, {1024, 784, 256}}) {
+    std::vector<bf16> A(M * K), B(N * K);
+    for (std::size_t i = 0; i < A.size(); ++i) A[i] = bf16(static_cast<float>(static_cast<int>(i % 7) - 3));
+    for (std::size_t i = 0; i < B.size(); ++i) B[i] = bf16(static_cast<float>(static_cast<int>(i % 5) - 2));
+    std::vector<float> C(M * N), R(M * N);
+    kernels::gemm_lowp<bf16>(Trans::no, Trans::yes, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, C.data(), N);
+    kernels::reference::gemm_lowp<bf16>(Trans::no, Trans::yes, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, R.data(),
+                                        N);
+    REQUIRE(C == R);
+  }
+}
+
+TEST_CASE("the kernel report names what this build runs", "[kernels][precision]") {
+  const std::string bf16_gemm = kernels::gemm_kernel_name<bf16>(), fp16_gemm = kernels::gemm_kernel_name<fp16>();
+  INFO("bf16 GEMM: " << bf16_gemm << "; fp16 GEMM: " << fp16_gemm);
+#if defined(XTRAIN_EXPECT_NO_AVX512)
+  // The portable builds really take the fallback paths.
+  REQUIRE_FALSE(kernels::native_lowp_gemm<bf16>);
+  REQUIRE(bf16_gemm.find("emulated") != std::string::npos);
+#endif
+  REQUIRE(bf16_gemm == (kernels::native_lowp_gemm<bf16> ? "avx512_bf16 (vdpbf16ps)" : bf16_gemm));
+  REQUIRE((fp16_gemm.find("emulated") != std::string::npos) == (std::string(kernels::fp16_convert_isa()) == "scalar"));
+}
