@@ -4,6 +4,7 @@
 //
 //   build/examples/fashion_mnist_mlp --epochs 10 --batch 32 --hidden 32 --activation relu
 //   mpirun -np 2 build/examples/fashion_mnist_mlp --global-batch 64
+//   mpirun -np 2 build/examples/fashion_mnist_mlp --precision bf16 --compress-grads bf16
 //
 // Rank 0 prints the homework's lines: one per epoch, then the final accuracies and the total time.
 
@@ -30,6 +31,7 @@ struct Flags {
   double clip_norm = 0.0;
   std::string project_dir, resume, export_path;
   std::size_t checkpoint_every_steps = 0, total_limit = 0;
+  std::string precision = "fp32", compress = "none";
 };
 
 constexpr const char* usage =
@@ -37,7 +39,7 @@ constexpr const char* usage =
     "           [--hidden N] [--activation relu|tanh|sigmoid|gelu|gelu_tanh] [--lr X] [--seed N]\n"
     "           [--scale-lr] [--sync-bn] [--accumulate K] [--clip-norm X]\n"
     "           [--project-dir DIR [--checkpoint-every-steps K] [--total-limit L]] [--resume latest|DIR]\n"
-    "           [--export FILE.safetensors]\n"
+    "           [--export FILE.safetensors] [--precision fp32|bf16|fp16] [--compress-grads bf16|fp16]\n"
     "  --data DIR        Fashion-MNIST IDX folder, or a folder with train_x.npy, train_y.npy,\n"
     "                    test_x.npy, test_y.npy (default /usr/share/datasets/fashion-mnist)\n"
     "  --epochs N        passes over the training set (default 10)\n"
@@ -55,7 +57,10 @@ constexpr const char* usage =
     "  --checkpoint-every-steps K   also every K optimizer steps\n"
     "  --total-limit L   keep only the newest L checkpoints\n"
     "  --resume latest|DIR  continue from the newest checkpoint of --project-dir, or from DIR\n"
-    "  --export FILE     write the trained model as safetensors (PyTorch state_dict names)\n";
+    "  --export FILE     write the trained model as safetensors (PyTorch state_dict names)\n"
+    "  --precision P     fp32 (default), bf16 or fp16 (mixed precision: fp32 master weights,\n"
+    "                    activations and GEMM operands in P; fp16 with dynamic loss scaling)\n"
+    "  --compress-grads C  send gradients between processes as bf16 or fp16 (half the bytes)\n";
 
 [[noreturn]] void fail_usage(const std::string& message) {
   std::fprintf(stderr, "error: %s\n%s", message.c_str(), usage);
@@ -110,6 +115,10 @@ Flags parse(int argc, char** argv) {
       f.resume = value;
     else if (arg == "--export")
       f.export_path = value;
+    else if (arg == "--precision")
+      f.precision = value;
+    else if (arg == "--compress-grads")
+      f.compress = value;
     else if (arg == "--clip-norm") {
       char* end = nullptr;
       f.clip_norm = std::strtod(value, &end);
@@ -124,10 +133,110 @@ Flags parse(int argc, char** argv) {
       fail_usage(std::string("unknown option '") + argv[i - 1] + "'");
     }
   }
+  if (f.precision != "fp32" && f.precision != "bf16" && f.precision != "fp16")
+    fail_usage("--precision expects fp32, bf16 or fp16, got '" + f.precision + "'");
+  if (f.compress != "none" && f.compress != "bf16" && f.compress != "fp16")
+    fail_usage("--compress-grads expects bf16 or fp16, got '" + f.compress + "'");
   if (f.resume == "latest" && f.project_dir.empty()) fail_usage("--resume latest needs --project-dir");
   if ((f.checkpoint_every_steps || f.total_limit) && f.project_dir.empty())
     fail_usage("--checkpoint-every-steps and --total-limit need --project-dir");
   return f;
+}
+
+/// What the build's kernels are, and a note when the chosen precision is not accelerated.
+void report_kernels(const std::string& precision) {
+  namespace k = xtrain::kernels;
+  std::printf("kernels: fp32 GEMM: %s | bf16 GEMM: %s | fp16 GEMM: %s | conversions: bf16 %s, fp16 %s\n",
+              k::gemm_kernel_name<float>().c_str(), k::gemm_kernel_name<xtrain::bf16>().c_str(),
+              k::gemm_kernel_name<xtrain::fp16>().c_str(), k::bf16_convert_isa(), k::fp16_convert_isa());
+  if (precision == "bf16" && !k::native_lowp_gemm<xtrain::bf16>)
+    std::printf(
+        "note: bf16 is emulated in this build (no AVX512_BF16; build with -march=native on a CPU that has it): "
+        "operands are widened to fp32, so it runs no faster than fp32\n");
+  if (precision == "fp16")
+    std::printf(
+        "note: fp16 halves activation memory but computes in fp32 after %s conversion (x86 CPUs have no fp16 "
+        "FMA path used here): expect fp32 speed or a little less\n",
+        std::string(k::fp16_convert_isa()) == "scalar" ? "scalar" : "hardware");
+}
+
+template <class Precision>
+int run_training(const Flags& flags) {
+  namespace nn = xtrain::layers;
+  const auto activation = nn::activation_kind(flags.activation);
+  xtrain::parallel::MpiAllReduce comm;
+  comm.compress_gradients(flags.compress == "bf16"   ? xtrain::parallel::Compression::bf16
+                          : flags.compress == "fp16" ? xtrain::parallel::Compression::fp16
+                                                     : xtrain::parallel::Compression::none);
+  const bool main_process = comm.rank() == 0;
+  const std::size_t ranks = comm.size();
+  const auto [train, test] = xtrain::data::load_folder(flags.data);
+  xtrain::set_seed(flags.seed);
+  auto model = nn::Sequential{nn::Linear{train.feature_count(), flags.hidden},
+                              nn::BatchNorm1d{flags.hidden}.sync_stats(flags.sync_bn), nn::Activation{activation},
+                              nn::Linear{flags.hidden, train.num_classes()}};
+  const auto options = xtrain::TrainerOptions{}
+                           .batch_size(flags.batch)
+                           .global_batch_size(flags.global_batch)
+                           .epochs(flags.epochs)
+                           .seed(flags.seed)
+                           .scale_lr(flags.scale_lr)
+                           .accumulate(flags.accumulate)
+                           .clip_grad_norm(flags.clip_norm)
+                           .project_dir(flags.project_dir)
+                           .total_limit(flags.total_limit);
+  if (main_process) {
+    std::printf("xtrain %s | data %s: %zu train, %zu test, %zu features, %zu classes\n", xtrain::version_string,
+                flags.data.c_str(), train.size(), test.size(), train.feature_count(), train.num_classes());
+    std::printf("%s\n", model.describe().c_str());
+  }
+  xtrain::Trainer<decltype(model), xtrain::optim::Adam, Precision, xtrain::parallel::MpiAllReduce> trainer{
+      std::move(model), xtrain::optim::Adam{}.lr(flags.lr), options, std::move(comm)};
+  if (main_process) {
+    std::printf(
+        "Adam lr %g%s | %zu process%s (launcher: %s) | global batch %zu%s | %zu epochs | seed %llu | "
+        "precision %s | gradients sent as %s\n",
+        flags.lr * (flags.scale_lr ? static_cast<float>(ranks) : 1.0f), flags.scale_lr ? " (scaled)" : "", ranks,
+        ranks == 1 ? "" : "es", xtrain::parallel::launch_info().launcher, trainer.global_batch_size(),
+        flags.accumulate > 1 ? (" x " + std::to_string(flags.accumulate) + " accumulated").c_str() : "", flags.epochs,
+        static_cast<unsigned long long>(flags.seed), Precision::name,
+        flags.compress == "none" ? "fp32" : flags.compress.c_str());
+    report_kernels(flags.precision);
+  }
+  if (!flags.resume.empty()) {
+    const std::string from = trainer.resume(flags.resume);
+    if (main_process)
+      std::printf("Resumed from %s: %llu epochs and %llu steps done\n", from.c_str(),
+                  static_cast<unsigned long long>(trainer.epoch()), static_cast<unsigned long long>(trainer.step()));
+  }
+  const auto checkpoints = xtrain::callbacks::CheckpointEvery{}
+                               .epochs(flags.project_dir.empty() ? 0 : 1)
+                               .steps(flags.checkpoint_every_steps);
+  const xtrain::History history = trainer.fit(train, test, checkpoints);
+  if (!flags.export_path.empty()) trainer.save_model(flags.export_path);
+  if (history.epochs.empty()) {
+    if (main_process) std::printf("Nothing to train: the checkpoint already completed %zu epochs\n", flags.epochs);
+    return 0;
+  }
+  if (main_process) {
+    const auto& last = history.epochs.back();
+    if (trainer.loss_scaler().skipped_steps() > 0 || Precision::uses_loss_scaling)
+      std::printf("Loss scale %g, %llu of %llu steps skipped for overflow\n", trainer.loss_scaler().scale(),
+                  static_cast<unsigned long long>(trainer.loss_scaler().skipped_steps()),
+                  static_cast<unsigned long long>(trainer.step()));
+    std::printf("Final Train Accuracy: %.2f%%\n", last.train.accuracy);
+    std::printf("Final Test Accuracy: %.2f%%\n", last.test.accuracy);
+    std::printf("Total Training Time: %.2f seconds\n", history.seconds);
+    if (!flags.export_path.empty()) std::printf("Exported the model to %s\n", flags.export_path.c_str());
+    if (!flags.project_dir.empty())
+      std::printf("Checkpoints in %s/checkpoints (continue with --resume latest)\n", flags.project_dir.c_str());
+    if (ranks > 1)
+      std::printf(
+          "Gradient communication (last epoch): %zu bucket%s, %.3f s waiting, %.3f s overlapped with backward\n",
+          trainer.bucket_count(), trainer.bucket_count() == 1 ? "" : "s", last.comm_wait_seconds,
+          last.comm_overlap_seconds);
+  }
+  return 0;
 }
 
 }  // namespace
@@ -135,72 +244,9 @@ Flags parse(int argc, char** argv) {
 int main(int argc, char** argv) {
   xtrain::parallel::MpiEnvironment env{argc, argv};
   return env.run([&] {
-    namespace nn = xtrain::layers;
     const Flags flags = parse(argc, argv);
-    const auto activation = nn::activation_kind(flags.activation);
-    xtrain::parallel::MpiAllReduce comm;
-    const bool main_process = comm.rank() == 0;
-    const std::size_t ranks = comm.size();
-
-    const auto [train, test] = xtrain::data::load_folder(flags.data);
-    xtrain::set_seed(flags.seed);
-    auto model = nn::Sequential{nn::Linear{train.feature_count(), flags.hidden},
-                                nn::BatchNorm1d{flags.hidden}.sync_stats(flags.sync_bn), nn::Activation{activation},
-                                nn::Linear{flags.hidden, train.num_classes()}};
-    const auto options = xtrain::TrainerOptions{}
-                             .batch_size(flags.batch)
-                             .global_batch_size(flags.global_batch)
-                             .epochs(flags.epochs)
-                             .seed(flags.seed)
-                             .scale_lr(flags.scale_lr)
-                             .accumulate(flags.accumulate)
-                             .clip_grad_norm(flags.clip_norm)
-                             .project_dir(flags.project_dir)
-                             .total_limit(flags.total_limit);
-    if (main_process) {
-      std::printf("xtrain %s | data %s: %zu train, %zu test, %zu features, %zu classes\n", xtrain::version_string,
-                  flags.data.c_str(), train.size(), test.size(), train.feature_count(), train.num_classes());
-      std::printf("%s\n", model.describe().c_str());
-    }
-    xtrain::Trainer<decltype(model), xtrain::optim::Adam, xtrain::FullPrecision, xtrain::parallel::MpiAllReduce>
-        trainer{std::move(model), xtrain::optim::Adam{}.lr(flags.lr), options, std::move(comm)};
-    if (main_process)
-      std::printf(
-          "Adam lr %g%s | %zu process%s (launcher: %s) | global batch %zu%s | %zu epochs | seed %llu | "
-          "fp32 GEMM: %s\n",
-          flags.lr * (flags.scale_lr ? static_cast<float>(ranks) : 1.0f), flags.scale_lr ? " (scaled)" : "", ranks,
-          ranks == 1 ? "" : "es", xtrain::parallel::launch_info().launcher, trainer.global_batch_size(),
-          flags.accumulate > 1 ? (" x " + std::to_string(flags.accumulate) + " accumulated").c_str() : "", flags.epochs,
-          static_cast<unsigned long long>(flags.seed), xtrain::simd::arch_name());
-    if (!flags.resume.empty()) {
-      const std::string from = trainer.resume(flags.resume);
-      if (main_process)
-        std::printf("Resumed from %s: %llu epochs and %llu steps done\n", from.c_str(),
-                    static_cast<unsigned long long>(trainer.epoch()), static_cast<unsigned long long>(trainer.step()));
-    }
-    const auto checkpoints = xtrain::callbacks::CheckpointEvery{}
-                                 .epochs(flags.project_dir.empty() ? 0 : 1)
-                                 .steps(flags.checkpoint_every_steps);
-    const xtrain::History history = trainer.fit(train, test, checkpoints);
-    if (!flags.export_path.empty()) trainer.save_model(flags.export_path);
-    if (history.epochs.empty()) {
-      if (main_process) std::printf("Nothing to train: the checkpoint already completed %zu epochs\n", flags.epochs);
-      return 0;
-    }
-    if (main_process) {
-      const auto& last = history.epochs.back();
-      std::printf("Final Train Accuracy: %.2f%%\n", last.train.accuracy);
-      std::printf("Final Test Accuracy: %.2f%%\n", last.test.accuracy);
-      std::printf("Total Training Time: %.2f seconds\n", history.seconds);
-      if (!flags.export_path.empty()) std::printf("Exported the model to %s\n", flags.export_path.c_str());
-      if (!flags.project_dir.empty())
-        std::printf("Checkpoints in %s/checkpoints (continue with --resume latest)\n", flags.project_dir.c_str());
-      if (ranks > 1)
-        std::printf(
-            "Gradient communication (last epoch): %zu bucket%s, %.3f s waiting, %.3f s overlapped with backward\n",
-            trainer.bucket_count(), trainer.bucket_count() == 1 ? "" : "s", last.comm_wait_seconds,
-            last.comm_overlap_seconds);
-    }
-    return 0;
+    if (flags.precision == "bf16") return run_training<xtrain::MixedPrecision<xtrain::bf16>>(flags);
+    if (flags.precision == "fp16") return run_training<xtrain::MixedPrecision<xtrain::fp16>>(flags);
+    return run_training<xtrain::FullPrecision>(flags);
   });
 }

@@ -187,3 +187,47 @@ TEST_CASE("MPI: the sharded optimizer step (ZeRO-1) matches the unsharded one", 
     REQUIRE(max_abs_diff(plain, sharded) <= 1e-6f);
   }
 }
+
+namespace {
+template <class T>
+void check_compressed_allreduce(parallel::Compression c) {
+  MpiAllReduce comm;
+  comm.compress_gradients(c);
+  const std::size_t n = 1001;  // not a multiple of the rank count: a padded last block
+  auto value = [](std::size_t r, std::size_t i) {
+    return std::sin(0.1f * static_cast<float>(i) + static_cast<float>(r)) * (i % 7 == 0 ? 1e-3f : 1.0f);
+  };
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = value(comm.rank(), i);
+  comm.allreduce_gradients(v, "compressed test");
+  // Definition: every rank's value rounded to T, summed in fp32 in rank order, rounded to T.
+  for (std::size_t i = 0; i < n; ++i) {
+    float sum = 0.0f;
+    for (std::size_t r = 0; r < comm.size(); ++r) sum += static_cast<float>(T(value(r, i)));
+    INFO(T::name << " element " << i);
+    REQUIRE(v[i] == static_cast<float>(T(sum)));
+  }
+}
+}  // namespace
+
+TEST_CASE("MPI: compressed gradient sums are the fp32 sum of the rounded values, the same on every rank", "[mpi]") {
+  check_compressed_allreduce<bf16>(parallel::Compression::bf16);
+  check_compressed_allreduce<fp16>(parallel::Compression::fp16);
+}
+
+TEST_CASE("MPI: bf16 training with bf16-compressed gradients learns and keeps the ranks identical", "[mpi]") {
+  set_seed(42);
+  auto model = nn::Sequential{nn::Linear{784, 32}, nn::BatchNorm1d{32}, nn::ReLU{}, nn::Linear{32, 10}};
+  MpiAllReduce comm;
+  comm.compress_gradients(parallel::Compression::bf16);
+  static const auto train = head(fashion().train, 12000);
+  Trainer<decltype(model), optim::Adam, MixedPrecision<bf16>, MpiAllReduce> t{
+      std::move(model), optim::Adam{}, TrainerOptions{}.epochs(1).global_batch_size(64).verbose(false),
+      std::move(comm)};
+  const History h = t.fit(train, fashion().test);
+  REQUIRE(h.epochs.back().test.count == 10000);
+  REQUIRE(h.epochs.back().test.accuracy > 75.0);
+  std::vector<float> mine(t.params().values().begin(), t.params().values().end()), root = mine;
+  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  REQUIRE(mine == root);
+}

@@ -72,7 +72,7 @@ class GradientBuckets {
   /// progress the ones in flight. After layer 0 nothing is left to overlap with: finish() takes
   /// the remaining buckets on the faster blocking path.
   void layer_done(C& comm, std::span<float> grads, std::size_t layer) {
-    if (layer == 0) return;
+    if (layer == 0 || compressed(comm)) return;  // compressed reductions are blocking: all in finish()
     for (auto& b : buckets_) {
       if (b.started) {
         comm.test(b.request);
@@ -91,7 +91,11 @@ class GradientBuckets {
     // collective (faster than the non-blocking one in Open MPI), then complete the others.
     for (auto& b : buckets_)
       if (!b.started) {
-        comm.allreduce_sum(grads.subspan(b.begin, b.end - b.begin), "gradient bucket");
+        const auto slice = grads.subspan(b.begin, b.end - b.begin);
+        if constexpr (CompressesGradients<C>)
+          comm.allreduce_gradients(slice, "gradient bucket");
+        else
+          comm.allreduce_sum(slice, "gradient bucket");
         ++stats_.collectives;
       }
     for (auto& b : buckets_) {
@@ -107,6 +111,13 @@ class GradientBuckets {
   void reset_stats() noexcept { stats_ = {}; }
 
  private:
+  static bool compressed(C& comm) {
+    if constexpr (CompressesGradients<C>)
+      return comm.gradient_compression() != Compression::none;
+    else
+      return false;
+  }
+
   void start(C& comm, std::span<float> grads, Bucket& b) {
     if (!any_started_) first_start_ = std::chrono::steady_clock::now();
     any_started_ = true;

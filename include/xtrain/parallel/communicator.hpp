@@ -10,6 +10,25 @@
 
 namespace xtrain::parallel {
 
+/// Gradients on the wire: fp32 (none), or rounded to bf16/fp16 (half the bytes) and summed in
+/// fp32 on arrival. Each rank's gradient is already its share of the global mean (the loss is
+/// normalised by the global sample count): the values sent are the pre-divided ones, and the sum
+/// cannot overflow where the mean does not.
+enum class Compression { none, bf16, fp16 };
+
+/// "none", "bf16", "fp16".
+constexpr const char* compression_name(Compression c) noexcept {
+  return c == Compression::bf16 ? "bf16" : c == Compression::fp16 ? "fp16" : "none";
+}
+
+/// Optional: a communicator that can compress gradient reductions (`gradient_compression()`,
+/// `allreduce_gradients(span, name)`: a blocking sum over ranks in the compressed form).
+template <class C>
+concept CompressesGradients = requires(C& c, std::span<float> f) {
+  { c.gradient_compression() } -> std::same_as<Compression>;
+  c.allreduce_gradients(f, "name");
+};
+
 /// Communicator: rank()/size(); in-place sums over ranks of float and double spans; broadcast
 /// from rank 0 (spans and a string); allgather of equal-sized float blocks; barrier; and a
 /// non-blocking float sum (`iallreduce_sum` -> Request, `test`, `wait`) for gradient buckets;

@@ -23,6 +23,7 @@
 #include <exception>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -32,6 +33,9 @@
 #include <boost/serialization/string.hpp>
 
 #include "xtrain/core/error.hpp"
+#include "xtrain/core/precision.hpp"
+#include "xtrain/kernels/convert.hpp"
+#include "xtrain/parallel/communicator.hpp"
 
 namespace xtrain::parallel {
 
@@ -165,6 +169,7 @@ class MpiAllReduce {
     size_ = o.size_;
     timeout_ = o.timeout_;
     debug_ = o.debug_;
+    compression_ = o.compression_;
     return *this;
   }
   ~MpiAllReduce() {
@@ -178,6 +183,16 @@ class MpiAllReduce {
     timeout_ = t;
     return *this;
   }
+  /// Send gradients as bf16 or fp16 (half the bytes; Compression::none: fp32, the default).
+  /// The sum is taken in fp32 from the rounded values, in rank order, then rounded once more
+  /// for the return trip, so every rank ends with the same gradients. Applies to the gradient
+  /// buckets (not to the deterministic reduction, the sharded optimizer or other collectives).
+  MpiAllReduce& compress_gradients(Compression c) {
+    compression_ = c;
+    return *this;
+  }
+  Compression gradient_compression() const noexcept { return compression_; }
+
   /// Check that all ranks enter the same collectives (also XTRAIN_DEBUG_COLLECTIVES=1).
   MpiAllReduce& debug_collectives(bool on) {
     debug_ = on;
@@ -192,6 +207,7 @@ class MpiAllReduce {
     MpiAllReduce d(comm_);
     d.timeout_ = timeout_;
     d.debug_ = debug_;
+    d.compression_ = compression_;
     return d;
   }
 
@@ -244,6 +260,18 @@ class MpiAllReduce {
     wait(r);
   }
 
+  /// In-place sum of gradients over ranks, compressed as gradient_compression() says: each rank
+  /// rounds its values to 16 bits, block r of every rank goes to rank r (all-to-all), rank r sums
+  /// its block in fp32 in rank order and rounds it, the blocks are all-gathered and widened.
+  void allreduce_gradients(std::span<float> v, const char* what) {
+    if (compression_ == Compression::bf16)
+      compressed_allreduce<bf16>(v, what);
+    else if (compression_ == Compression::fp16)
+      compressed_allreduce<fp16>(v, what);
+    else
+      allreduce_sum(v, what);
+  }
+
   /// Starts an in-place sum of `v` over ranks; complete it with wait() (or poll with test()).
   Request iallreduce_sum(std::span<float> v, const char* what) {
     check("allreduce_sum(float)", what, v.size());
@@ -271,6 +299,29 @@ class MpiAllReduce {
   }
 
  private:
+  template <class T>
+  void compressed_allreduce(std::span<float> v, const char* what) {
+    enter(T::name == std::string_view("bf16") ? "allreduce_gradients(bf16)" : "allreduce_gradients(fp16)", what,
+          v.size());
+    const std::size_t n = v.size(), block = (n + size_ - 1) / size_;
+    wire_.assign(2 * block * size_, 0);  // [sent: size_ blocks, zero-padded][received: size_ blocks]
+    T* sent = reinterpret_cast<T*>(wire_.data());
+    T* received = sent + block * size_;
+    kernels::from_float(v.data(), sent, n);
+    MPI_Alltoall(sent, count(block), MPI_UINT16_T, received, count(block), MPI_UINT16_T, comm_);
+    sum_.assign(block, 0.0f);
+    widened_.resize(block);
+    for (std::size_t r = 0; r < size_; ++r) {  // rank order: the same arithmetic on every rank
+      kernels::to_float(received + r * block, widened_.data(), block);
+      for (std::size_t i = 0; i < block; ++i) sum_[i] += widened_[i];
+    }
+    T* mine = received;  // reuse: this rank's summed block, then everyone's
+    kernels::from_float(sum_.data(), mine, block);
+    T* gathered = sent;
+    MPI_Allgather(mine, count(block), MPI_UINT16_T, gathered, count(block), MPI_UINT16_T, comm_);
+    kernels::to_float(gathered, v.data(), n);
+  }
+
   static int count(std::size_t n) {
     XTRAIN_CHECK(n <= 0x7FFFFFFFu, ValueError, "MpiAllReduce: ", n, " elements exceed MPI's int count");
     return static_cast<int>(n);
@@ -312,6 +363,9 @@ class MpiAllReduce {
   std::size_t rank_ = 0, size_ = 1;
   std::chrono::duration<double> timeout_ = std::chrono::seconds(300);
   bool debug_ = false;
+  Compression compression_ = Compression::none;
+  std::vector<std::uint16_t> wire_;  // compressed send/receive buffers
+  std::vector<float> sum_, widened_;
 };
 
 }  // namespace xtrain::parallel
