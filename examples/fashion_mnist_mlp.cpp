@@ -36,7 +36,7 @@ struct Flags {
 
 constexpr const char* usage =
     "usage: [mpirun -np P] fashion_mnist_mlp [--data DIR] [--epochs N] [--batch N | --global-batch N]\n"
-    "           [--hidden N] [--activation relu|tanh|sigmoid|gelu|gelu_tanh] [--lr X] [--seed N]\n"
+    "           [--hidden N] [--activation relu|tanh|sigmoid|gelu|gelu_tanh|silu] [--lr X] [--seed N]\n"
     "           [--scale-lr] [--sync-bn] [--accumulate K] [--clip-norm X]\n"
     "           [--project-dir DIR [--checkpoint-every-steps K] [--total-limit L]] [--resume latest|DIR]\n"
     "           [--export FILE.safetensors] [--precision fp32|bf16|fp16] [--compress-grads bf16|fp16]\n"

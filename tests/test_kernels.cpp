@@ -113,6 +113,9 @@ TEST_CASE("Activation kernels match their double-precision definitions", "[kerne
   SECTION("gelu") {
     check_activation<kernels::ops::GeluErf>(ref::gelu_erf, ref::gelu_erf_grad);
   }
+  SECTION("silu") {
+    check_activation<kernels::ops::Silu>(ref::silu, ref::silu_grad);
+  }
   SECTION("gelu tanh") {
     check_activation<kernels::ops::GeluTanh>(ref::gelu_tanh, ref::gelu_tanh_grad);
   }

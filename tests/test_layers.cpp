@@ -56,7 +56,7 @@ TEST_CASE("gradcheck passes for every layer", "[layers][gradcheck]") {
   }
   SECTION("activations") {
     for (auto kind : {nn::ActivationKind::relu, nn::ActivationKind::tanh, nn::ActivationKind::sigmoid,
-                      nn::ActivationKind::gelu, nn::ActivationKind::gelu_tanh}) {
+                      nn::ActivationKind::gelu, nn::ActivationKind::gelu_tanh, nn::ActivationKind::silu}) {
       nn::Activation a(kind);
       INFO(a.describe());
       require_gradcheck(testing::gradcheck(a, away_from_zero(5, 9, 4)));

@@ -1,6 +1,6 @@
 #pragma once
 /// \file activations.hpp
-/// Element-wise activation layers: ReLU, Tanh, Sigmoid, GELU (exact erf or tanh approximation),
+/// Element-wise activation layers: ReLU, Tanh, Sigmoid, GELU (exact erf or tanh approximation), SiLU,
 /// and Activation, the same layers chosen at run time by name (`--activation gelu`).
 
 #include <cstddef>
@@ -16,16 +16,18 @@
 namespace xtrain::layers {
 
 /// Which function an Activation layer computes.
-enum class ActivationKind { relu, tanh, sigmoid, gelu, gelu_tanh };
+enum class ActivationKind { relu, tanh, sigmoid, gelu, gelu_tanh, silu };
 
-/// Parses "relu", "tanh", "sigmoid", "gelu" (exact) or "gelu_tanh"; throws ValueError otherwise.
+/// Parses "relu", "tanh", "sigmoid", "gelu" (exact), "gelu_tanh" or "silu"; throws ValueError otherwise.
 inline ActivationKind activation_kind(std::string_view name) {
   if (name == "relu") return ActivationKind::relu;
   if (name == "tanh") return ActivationKind::tanh;
   if (name == "sigmoid") return ActivationKind::sigmoid;
   if (name == "gelu") return ActivationKind::gelu;
   if (name == "gelu_tanh") return ActivationKind::gelu_tanh;
-  throw ValueError("unknown activation '" + std::string(name) + "' (expected relu, tanh, sigmoid, gelu or gelu_tanh)");
+  if (name == "silu") return ActivationKind::silu;
+  throw ValueError("unknown activation '" + std::string(name) +
+                   "' (expected relu, tanh, sigmoid, gelu, gelu_tanh or silu)");
 }
 
 /// A parameter-free element-wise layer whose function is chosen at construction.
@@ -75,6 +77,8 @@ class Activation {
         return "GELU(approximate='none')";
       case ActivationKind::gelu_tanh:
         return "GELU(approximate='tanh')";
+      case ActivationKind::silu:
+        return "SiLU()";
     }
     return "Activation()";
   }
@@ -93,6 +97,8 @@ class Activation {
         return f.template operator()<kernels::ops::GeluErf>();
       case ActivationKind::gelu_tanh:
         return f.template operator()<kernels::ops::GeluTanh>();
+      case ActivationKind::silu:
+        return f.template operator()<kernels::ops::Silu>();
     }
   }
 
@@ -112,6 +118,11 @@ struct Tanh : Activation {
 /// 1 / (1 + exp(-x)).
 struct Sigmoid : Activation {
   Sigmoid() : Activation(ActivationKind::sigmoid) {}
+};
+
+/// x * sigmoid(x) (swish).
+struct SiLU : Activation {
+  SiLU() : Activation(ActivationKind::silu) {}
 };
 
 /// GELU's two forms, as PyTorch's `approximate` argument.

@@ -76,9 +76,9 @@ class Linear {
       if constexpr (std::is_same_v<T, float>) {
         kernels::column_sums(dy.data(), n, out_, bias_.grad(), true);
       } else {
-        scratch_.resize(n * out_);
-        kernels::to_float(dy.data(), scratch_.data(), n * out_);
-        kernels::column_sums(scratch_.data(), n, out_, bias_.grad(), true);
+        std::vector<float>& dy32 = workspace(n * out_);
+        kernels::to_float(dy.data(), dy32.data(), n * out_);
+        kernels::column_sums(dy32.data(), n, out_, bias_.grad(), true);
       }
     }
     Batch<T>& dx = dx_.get<T>();
@@ -109,15 +109,20 @@ class Linear {
   }
 
  private:
-  // fp32: the GEMM writes the output itself; bf16/fp16: it accumulates into fp32 scratch first.
+  // fp32: the GEMM writes the output itself; bf16/fp16: it accumulates into an fp32 workspace
+  // first, shared by all layers of the thread (so the low-precision activations are the only
+  // per-layer copies).
   template <class T>
-  float* accumulator(Batch<T>& out, std::size_t size) {
-    if constexpr (std::is_same_v<T, float>) {
+  static float* accumulator(Batch<T>& out, std::size_t size) {
+    if constexpr (std::is_same_v<T, float>)
       return out.data();
-    } else {
-      scratch_.resize(size);
-      return scratch_.data();
-    }
+    else
+      return workspace(size).data();
+  }
+  static std::vector<float>& workspace(std::size_t size) {
+    thread_local std::vector<float> w;
+    if (w.size() < size) w.resize(size);
+    return w;
   }
 
   template <class T, class A, class B>
@@ -133,7 +138,6 @@ class Linear {
   Param weight_, bias_;
   const void* x_ = nullptr;  // the Batch<T> of the last forward
   BatchBuffers y_, dx_;
-  std::vector<float> scratch_;
 };
 
 }  // namespace xtrain::layers

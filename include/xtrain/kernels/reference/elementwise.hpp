@@ -31,6 +31,12 @@ inline double gelu_erf(double x) {
 inline double gelu_erf_grad(double x) {
   return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * M_PI);
 }
+inline double silu(double x) {
+  return x * sigmoid(x);
+}
+inline double silu_grad(double x) {
+  return sigmoid(x) * (1.0 + x * (1.0 - sigmoid(x)));
+}
 inline double gelu_tanh(double x) {
   return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
 }

@@ -1,0 +1,192 @@
+// Precision and activation cost (Google Benchmark), one thread:
+// - GEMM GFLOP/s per precision at the MLP shapes and 2048^3, as Linear's forward computes it
+//   (activations stored as the precision, fp32 master weights rounded while packing);
+// - Linear forward+backward; the training step (samples/s) of the homework model (batch 32) and
+//   the wide model (784-1024-ReLU-10, batch 256); heap bytes per parameter and per sample;
+// - the activation table: ReLU, Tanh, Sigmoid, GELU (erf, tanh), SiLU, forward and
+//   forward+backward, fp32 and bf16, at 32x32 and 4096x1024, with the bytes each call allocates.
+// benchmarks/compare_precision runs this next to PyTorch and prints the tables with ratios.
+#include <malloc.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include <xtrain/xtrain.hpp>
+
+namespace nn = xtrain::layers;
+using xtrain::bf16;
+using xtrain::fp16;
+using xtrain::kernels::Trans;
+
+namespace {
+
+std::size_t heap_in_use() {
+  return mallinfo2().uordblks;
+}
+
+template <class T>
+std::vector<T> random_values(std::size_t n, float scale, std::uint64_t seed) {
+  xtrain::Generator g(seed, xtrain::streams::user);
+  std::vector<T> v(n);
+  for (auto& x : v) x = xtrain::kernels::narrow<T>(g.uniform(-scale, scale));
+  return v;
+}
+
+template <class T>
+xtrain::Batch<T> random_batch(std::size_t rows, std::size_t cols, float scale, std::uint64_t seed) {
+  xtrain::Batch<T> b({rows, cols});
+  const auto v = random_values<T>(rows * cols, scale, seed);
+  std::copy(v.begin(), v.end(), b.data());
+  return b;
+}
+
+template <class T>
+struct PolicyOf {
+  using type = xtrain::MixedPrecision<T>;
+};
+template <>
+struct PolicyOf<float> {
+  using type = xtrain::FullPrecision;
+};
+
+// C[M, N] = A[M, K] W[N, K]^T: A stored as T, W in fp32 (Linear's forward).
+template <class T>
+void BM_Gemm(benchmark::State& state) {
+  const auto M = static_cast<std::size_t>(state.range(0)), N = static_cast<std::size_t>(state.range(1)),
+             K = static_cast<std::size_t>(state.range(2));
+  const auto A = random_values<T>(M * K, 1.0f, 1);
+  const auto W = random_values<float>(N * K, 1.0f, 2);
+  std::vector<float> C(M * N);
+  for (auto _ : state) {
+    if constexpr (std::is_same_v<T, float>)
+      xtrain::kernels::gemm(Trans::no, Trans::yes, M, N, K, 1.0f, A.data(), K, W.data(), K, 0.0f, C.data(), N);
+    else
+      xtrain::kernels::gemm_lowp<T>(Trans::no, Trans::yes, M, N, K, 1.0f, A.data(), K, W.data(), K, 0.0f, C.data(), N);
+    benchmark::DoNotOptimize(C.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOPS"] =
+      benchmark::Counter(2e-9 * static_cast<double>(M * N * K), benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(xtrain::kernels::gemm_kernel_name<T>());
+}
+
+// Linear(in, out) forward + backward (dW, db and dx) at batch n.
+template <class T>
+void BM_Linear(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0)), in = static_cast<std::size_t>(state.range(1)),
+             out = static_cast<std::size_t>(state.range(2));
+  xtrain::set_seed(1);
+  nn::Linear layer(in, out);
+  const auto x = random_batch<T>(n, in, 1.0f, 3);
+  const auto dy = random_batch<T>(n, out, 0.01f, 4);
+  xtrain::Context ctx;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(layer.forward(ctx, x).data());
+    benchmark::DoNotOptimize(layer.backward(ctx, dy).data());
+  }
+  state.counters["GFLOPS"] =
+      benchmark::Counter(6e-9 * static_cast<double>(n * in * out), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+auto homework_model() {
+  xtrain::set_seed(42);
+  return nn::Sequential{nn::Linear{784, 32}, nn::BatchNorm1d{32}, nn::ReLU{}, nn::Linear{32, 10}};
+}
+auto wide_model() {
+  xtrain::set_seed(42);
+  return nn::Sequential{nn::Linear{784, 1024}, nn::ReLU{}, nn::Linear{1024, 10}};
+}
+
+// One optimizer step (Adam) on Fashion-MNIST batches; range(0): 0 homework, 1 wide.
+template <class T>
+void BM_TrainStep(benchmark::State& state) {
+  static const auto data = xtrain::data::fashion_mnist("/usr/share/datasets/fashion-mnist");
+  auto run = [&](auto model, std::size_t batch) {
+    using Model = decltype(model);
+    const std::size_t before = heap_in_use();
+    xtrain::Trainer<Model, xtrain::optim::Adam, typename PolicyOf<T>::type> trainer{
+        std::move(model), xtrain::optim::Adam{}, xtrain::TrainerOptions{}.batch_size(batch).verbose(false)};
+    const std::size_t constructed = heap_in_use();
+    const double params = static_cast<double>(trainer.params().natural_size());
+    xtrain::data::Loader loader(data.train, batch, 42, true, true);
+    const auto first = loader.batch(0);
+    const std::size_t loaded = heap_in_use();
+    trainer.train_step(first.x, first.y, first.global_offset, first.global_count);
+    const std::size_t stepped = heap_in_use();
+    std::size_t k = 1;
+    for (auto _ : state) {
+      const auto b = loader.batch(k++ % loader.batches());
+      trainer.train_step(b.x, b.y, b.global_offset, b.global_count);
+    }
+    state.counters["samples_per_s"] =
+        benchmark::Counter(static_cast<double>(batch), benchmark::Counter::kIsIterationInvariantRate);
+    // Master weights, gradients and optimizer state per parameter (the trainer's construction),
+    // and what the first step allocates per sample: activations, their gradients, workspaces.
+    state.counters["bytes_per_param"] = static_cast<double>(constructed - before) / params;
+    state.counters["step_bytes_per_sample"] = static_cast<double>(stepped - loaded) / static_cast<double>(batch);
+  };
+  if (state.range(0) == 0)
+    run(homework_model(), 32);
+  else
+    run(wide_model(), 256);
+}
+
+// range: rows, cols, kind, with backward (0/1).
+template <class T>
+void BM_Activation(benchmark::State& state) {
+  const auto rows = static_cast<std::size_t>(state.range(0)), cols = static_cast<std::size_t>(state.range(1));
+  const auto kind = static_cast<nn::ActivationKind>(state.range(2));
+  const bool backward = state.range(3) != 0;
+  nn::Activation layer(kind);
+  const auto x = random_batch<T>(rows, cols, 4.0f, 5);
+  const auto dy = random_batch<T>(rows, cols, 1.0f, 6);
+  xtrain::Context ctx;
+  const std::size_t before = heap_in_use();
+  layer.forward(ctx, x);
+  if (backward) layer.backward(ctx, dy);
+  state.counters["bytes_allocated"] = static_cast<double>(heap_in_use() - before);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(layer.forward(ctx, x).data());
+    if (backward) benchmark::DoNotOptimize(layer.backward(ctx, dy).data());
+  }
+  state.SetLabel(layer.describe());
+  state.counters["elements_per_s"] =
+      benchmark::Counter(static_cast<double>(rows * cols), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void gemm_shapes(benchmark::internal::Benchmark* b) {
+  b->Args({32, 32, 784})->Args({256, 1024, 784})->Args({2048, 2048, 2048})->Unit(benchmark::kMicrosecond);
+}
+void linear_shapes(benchmark::internal::Benchmark* b) {
+  b->Args({32, 784, 32})->Args({256, 784, 1024})->Unit(benchmark::kMicrosecond);
+}
+void models(benchmark::internal::Benchmark* b) {
+  b->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+}
+void activation_shapes(benchmark::internal::Benchmark* b) {
+  for (std::int64_t kind = 0; kind <= 5; ++kind)
+    for (std::int64_t bwd : {0, 1}) {
+      b->Args({32, 32, kind, bwd});
+      b->Args({4096, 1024, kind, bwd});
+    }
+  b->Unit(benchmark::kMicrosecond);
+}
+
+}  // namespace
+
+BENCHMARK_TEMPLATE(BM_Gemm, float)->Apply(gemm_shapes);
+BENCHMARK_TEMPLATE(BM_Gemm, bf16)->Apply(gemm_shapes);
+BENCHMARK_TEMPLATE(BM_Gemm, fp16)->Apply(gemm_shapes);
+BENCHMARK_TEMPLATE(BM_Linear, float)->Apply(linear_shapes);
+BENCHMARK_TEMPLATE(BM_Linear, bf16)->Apply(linear_shapes);
+BENCHMARK_TEMPLATE(BM_Linear, fp16)->Apply(linear_shapes);
+BENCHMARK_TEMPLATE(BM_TrainStep, float)->Apply(models);
+BENCHMARK_TEMPLATE(BM_TrainStep, bf16)->Apply(models);
+BENCHMARK_TEMPLATE(BM_TrainStep, fp16)->Apply(models);
+BENCHMARK_TEMPLATE(BM_Activation, float)->Apply(activation_shapes);
+BENCHMARK_TEMPLATE(BM_Activation, bf16)->Apply(activation_shapes);
+
+BENCHMARK_MAIN();
