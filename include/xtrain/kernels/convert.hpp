@@ -16,6 +16,13 @@
 #include <immintrin.h>
 #endif
 
+/// 1 when the target has AVX512_BF16 (vdpbf16ps, vcvtneps2bf16) and the AVX-512 subsets used with it.
+#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define XTRAIN_HAS_AVX512_BF16 1
+#else
+#define XTRAIN_HAS_AVX512_BF16 0
+#endif
+
 #include "xtrain/core/precision.hpp"
 
 // GCC 12 warns "'__Y' may be used uninitialized" inside its own AVX-512 headers (the

@@ -26,13 +26,6 @@
 #include "xtrain/kernels/convert.hpp"
 #include "xtrain/kernels/gemm.hpp"
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define XTRAIN_HAS_AVX512_BF16 1
-#include <immintrin.h>
-#else
-#define XTRAIN_HAS_AVX512_BF16 0
-#endif
-
 // GCC 12 warns "'__Y' may be used uninitialized" inside its own AVX-512 headers (the
 // _mm512_undefined_* idiom, GCC bug 105593); silenced for this file only.
 #if defined(__GNUC__) && !defined(__clang__)
