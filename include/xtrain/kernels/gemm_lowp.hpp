@@ -218,28 +218,59 @@ void pack_across(const S* X, std::size_t ld, std::size_t k0, std::size_t kc, std
   }
 }
 
+/// Transposes a 16 x 16 matrix of 32-bit words held in 16 registers (row i -> column i).
+inline void transpose16(__m512i r[16]) noexcept {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int h = 0; h < 16; h += 8)
+    for (int i = 0; i < 4; ++i) {
+      t[h + i] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0x88);
+      t[h + i + 4] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0xdd);
+    }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+  }
+}
+
 /// Pairs ALONG stored rows: op(X)(k, c) = X[c * ld + k] (B transposed, or A not transposed).
+/// 16 columns at a time: each column's 32 values become 16 words in one register, and a 16 x 16
+/// transpose turns them into 16 k-pair rows of the panel.
 template <class S>
 void pack_along(const S* X, std::size_t ld, std::size_t k0, std::size_t kc, std::size_t c0, std::size_t width,
                 std::size_t pw, std::uint32_t* dst) {
   const std::size_t kp = (kc + 1) / 2;
-  alignas(64) std::uint32_t tmp[16];
   for (std::size_t cp = 0; cp < width; cp += pw) {
     const std::size_t w = std::min(pw, width - cp);
     std::uint32_t* panel = dst + cp * kp;
-    for (std::size_t c = 0; c < pw; ++c) {
-      if (c >= w) {
-        for (std::size_t p = 0; p < kp; ++p) panel[p * pw + c] = 0;
-        continue;
-      }
-      const S* row = X + (c0 + cp + c) * ld + k0;
+    for (std::size_t g = 0; g < pw; g += 16) {
+      const std::size_t group = std::min<std::size_t>(16, pw - g);  // columns stored (8 for A panels)
+      const __mmask16 store_mask = __mmask16((1u << group) - 1u);
       for (std::size_t k = 0; k < kc; k += 32) {
         const std::size_t n = std::min<std::size_t>(32, kc - k);
-        const __m256i a = load16(row + k, n), b = n > 16 ? load16(row + k + 16, n - 16) : _mm256_setzero_si256();
-        _mm512_store_si512(tmp, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+        __m512i r[16];
+        for (std::size_t c = 0; c < 16; ++c) {
+          if (g + c >= w || c >= group) {
+            r[c] = _mm512_setzero_si512();
+            continue;
+          }
+          const S* row = X + (c0 + cp + g + c) * ld + k0 + k;
+          const __m256i lo = load16(row, n), hi = n > 16 ? load16(row + 16, n - 16) : _mm256_setzero_si256();
+          r[c] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        }
+        transpose16(r);
         const std::size_t words = (n + 1) / 2;
-        std::uint32_t* out = panel + (k / 2) * pw + c;
-        for (std::size_t q = 0; q < words; ++q) out[q * pw] = tmp[q];
+        for (std::size_t q = 0; q < words; ++q)
+          _mm512_mask_storeu_epi32(panel + (k / 2 + q) * pw + g, store_mask, r[q]);
       }
     }
   }
