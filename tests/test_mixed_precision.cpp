@@ -230,3 +230,31 @@ TEST_CASE("bf16 with the deterministic reduction is bitwise the same on 1 and 2 
   const auto one = run(1), two = run(2);
   REQUIRE(one == two);
 }
+
+TEST_CASE("the Accelerate-style loop unscales fp16 gradients before clipping, as the Trainer does",
+          "[precision][scaler][accelerator]") {
+  const auto train = head(fashion().train, 640);
+  Fp16Trainer t{homework_model(), optim::Adam{},
+                TrainerOptions{}.batch_size(32).seed(4).verbose(false).clip_grad_norm(0.5).loss_scale(0x1p20f)};
+  Accelerator<parallel::SingleProcess, MixedPrecision<fp16>> acc{parallel::SingleProcess{},
+                                                                 AcceleratorOptions{}.seed(4)};
+  auto engine = acc.prepare(homework_model(), optim::Adam{});
+  engine.loss_scaler().restore(0x1p20f, 0, 0);
+  auto loader = acc.prepare(train, 32);
+  loader.set_epoch(0);
+  loss::CrossEntropyLoss loss;
+  std::size_t skipped = 0;
+  for (std::size_t k = 0; k < loader.batches(); ++k) {
+    const auto b = loader.batch(k);
+    skipped += t.train_step(b.x, b.y, b.global_offset, b.global_count).skipped;
+    const bool sync = acc.accumulate(engine, k + 1 == loader.batches());
+    loss.forward(engine.forward(b.x, b.global_offset), b.y, acc.loss_normalizer(b));
+    acc.backward(engine, loss.backward(), sync);
+    if (sync) acc.clip_grad_norm(engine, 0.5);
+    engine.step(sync, b.global_count);
+  }
+  INFO("steps skipped for overflow: " << skipped);
+  REQUIRE(engine.loss_scaler().scale() == t.loss_scaler().scale());
+  REQUIRE(engine.optimizer_steps() == t.optimizer_steps());
+  REQUIRE(std::equal(t.params().values().begin(), t.params().values().end(), engine.params().values().begin()));
+}

@@ -148,23 +148,15 @@ inline void micro_kernel(std::size_t kc, const float* __restrict a, std::size_t 
     }
 }
 
-}  // namespace detail
-
-/// C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C (row-major; op(X) = X or X^T).
-/// Requires: lda/ldb/ldc are the row strides of A, B, C as stored. beta == 0 ignores C's contents
-/// (NaN in C does not propagate), as BLAS does.
-template <class Arch = simd::default_arch>
-void gemm(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const float* A, std::size_t lda,
-          const float* B, std::size_t ldb, float beta, float* C, std::size_t ldc) {
-  using shape = detail::GemmShape<Arch>;
-  if (M == 0 || N == 0) return;
-  if (K == 0 || alpha == 0.0f) {
-    for (std::size_t i = 0; i < M; ++i)
-      for (std::size_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
-    return;
-  }
-  auto& bbuf = detail::pack_buffer(0);
-  auto& abuf = detail::pack_buffer(1);
+/// The BLIS loop nest: blocks of op(B) packed by `pack_b(k0, kc, j0, nc, dst)`, blocks of op(A)
+/// packed by `pack_a(i0, mc, k0, kc, dst)` or, when `a_rows` is not null, read in place (row i
+/// at a_rows + i * lda). Shared by the fp32 GEMM and the widening low-precision one.
+template <class Arch, class PackB, class PackA>
+void gemm_blocked(std::size_t M, std::size_t N, std::size_t K, float alpha, const float* a_rows, std::size_t lda,
+                  float beta, float* C, std::size_t ldc, PackB&& pack_b, PackA&& pack_a) {
+  using shape = GemmShape<Arch>;
+  auto& bbuf = pack_buffer(0);
+  auto& abuf = pack_buffer(1);
   const std::size_t nc_max = std::min(shape::nc, (N + shape::nr - 1) / shape::nr * shape::nr);
   const std::size_t mc_max = std::min(shape::mc, (M + shape::mr - 1) / shape::mr * shape::mr);
   const std::size_t kc_max = std::min(shape::kc, K);
@@ -176,24 +168,48 @@ void gemm(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float
     for (std::size_t k0 = 0; k0 < K; k0 += shape::kc) {
       const std::size_t kc = std::min(shape::kc, K - k0);
       const float beta_block = k0 == 0 ? beta : 1.0f;
-      detail::pack_b<Arch>(tb, B, ldb, k0, kc, j0, nc, bbuf.data());
+      pack_b(k0, kc, j0, nc, bbuf.data());
       for (std::size_t i0 = 0; i0 < M; i0 += shape::mc) {
         const std::size_t mc = std::min(shape::mc, M - i0);
-        if (ta == Trans::yes) detail::pack_a<Arch>(ta, A, lda, i0, mc, k0, kc, abuf.data());
+        if (!a_rows) pack_a(i0, mc, k0, kc, abuf.data());
         for (std::size_t jr = 0; jr < nc; jr += shape::nr)
           for (std::size_t ir = 0; ir < mc; ir += shape::mr) {
             float* c = C + (i0 + ir) * ldc + j0 + jr;
             const std::size_t rows = std::min(shape::mr, mc - ir), cols = std::min(shape::nr, nc - jr);
-            if (ta == Trans::yes)
-              detail::micro_kernel<Arch, true>(kc, abuf.data() + ir * kc, 0, bbuf.data() + jr * kc, alpha, beta_block,
-                                               c, ldc, rows, cols);
+            if (!a_rows)
+              micro_kernel<Arch, true>(kc, abuf.data() + ir * kc, 0, bbuf.data() + jr * kc, alpha, beta_block, c, ldc,
+                                       rows, cols);
             else
-              detail::micro_kernel<Arch, false>(kc, A + (i0 + ir) * lda + k0, lda, bbuf.data() + jr * kc, alpha,
-                                                beta_block, c, ldc, rows, cols);
+              micro_kernel<Arch, false>(kc, a_rows + (i0 + ir) * lda + k0, lda, bbuf.data() + jr * kc, alpha,
+                                        beta_block, c, ldc, rows, cols);
           }
       }
     }
   }
+}
+
+}  // namespace detail
+
+/// C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C (row-major; op(X) = X or X^T).
+/// Requires: lda/ldb/ldc are the row strides of A, B, C as stored. beta == 0 ignores C's contents
+/// (NaN in C does not propagate), as BLAS does.
+template <class Arch = simd::default_arch>
+void gemm(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const float* A, std::size_t lda,
+          const float* B, std::size_t ldb, float beta, float* C, std::size_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0 || alpha == 0.0f) {
+    for (std::size_t i = 0; i < M; ++i)
+      for (std::size_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    return;
+  }
+  detail::gemm_blocked<Arch>(
+      M, N, K, alpha, ta == Trans::no ? A : nullptr, lda, beta, C, ldc,
+      [&](std::size_t k0, std::size_t kc, std::size_t j0, std::size_t nc, float* dst) {
+        detail::pack_b<Arch>(tb, B, ldb, k0, kc, j0, nc, dst);
+      },
+      [&](std::size_t i0, std::size_t mc, std::size_t k0, std::size_t kc, float* dst) {
+        detail::pack_a<Arch>(ta, A, lda, i0, mc, k0, kc, dst);
+      });
 }
 
 }  // namespace xtrain::kernels

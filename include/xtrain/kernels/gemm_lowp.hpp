@@ -134,31 +134,14 @@ void pack_a_widen(Trans ta, const S* A, std::size_t lda, std::size_t i0, std::si
 template <class Arch, class T, class TA, class TB>
 void gemm_widen(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* A,
                 std::size_t lda, const TB* B, std::size_t ldb, float beta, float* C, std::size_t ldc) {
-  using shape = GemmShape<Arch>;
-  auto& bbuf = pack_buffer(0);
-  auto& abuf = pack_buffer(1);
-  const std::size_t nc_max = std::min(shape::nc, (N + shape::nr - 1) / shape::nr * shape::nr);
-  const std::size_t mc_max = std::min(shape::mc, (M + shape::mr - 1) / shape::mr * shape::mr);
-  const std::size_t kc_max = std::min(shape::kc, K);
-  if (bbuf.size() < nc_max * kc_max) bbuf.resize(nc_max * kc_max);
-  if (abuf.size() < mc_max * kc_max) abuf.resize(mc_max * kc_max);
-  for (std::size_t j0 = 0; j0 < N; j0 += shape::nc) {
-    const std::size_t nc = std::min(shape::nc, N - j0);
-    for (std::size_t k0 = 0; k0 < K; k0 += shape::kc) {
-      const std::size_t kc = std::min(shape::kc, K - k0);
-      const float beta_block = k0 == 0 ? beta : 1.0f;
-      pack_b_widen<Arch, T>(tb, B, ldb, k0, kc, j0, nc, bbuf.data());
-      for (std::size_t i0 = 0; i0 < M; i0 += shape::mc) {
-        const std::size_t mc = std::min(shape::mc, M - i0);
-        pack_a_widen<Arch, T>(ta, A, lda, i0, mc, k0, kc, abuf.data());
-        for (std::size_t jr = 0; jr < nc; jr += shape::nr)
-          for (std::size_t ir = 0; ir < mc; ir += shape::mr)
-            micro_kernel<Arch, true>(kc, abuf.data() + ir * kc, 0, bbuf.data() + jr * kc, alpha, beta_block,
-                                     C + (i0 + ir) * ldc + j0 + jr, ldc, std::min(shape::mr, mc - ir),
-                                     std::min(shape::nr, nc - jr));
-      }
-    }
-  }
+  gemm_blocked<Arch>(
+      M, N, K, alpha, nullptr, 0, beta, C, ldc,
+      [&](std::size_t k0, std::size_t kc, std::size_t j0, std::size_t nc, float* dst) {
+        pack_b_widen<Arch, T>(tb, B, ldb, k0, kc, j0, nc, dst);
+      },
+      [&](std::size_t i0, std::size_t mc, std::size_t k0, std::size_t kc, float* dst) {
+        pack_a_widen<Arch, T>(ta, A, lda, i0, mc, k0, kc, dst);
+      });
 }
 
 #if XTRAIN_HAS_AVX512_BF16

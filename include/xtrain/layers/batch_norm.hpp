@@ -65,11 +65,12 @@ class BatchNorm1d {
   template <ActivationType T>
   const Batch<T>& forward(Context& ctx, const Batch<T>& x) {
     if constexpr (std::is_same_v<T, float>) {
-      return forward_f32(ctx, x);
+      return forward_f32(ctx, x, y_);
     } else {
-      ensure_shape(x32_, x.shape(0), x.shape(1));
-      kernels::to_float(x.data(), x32_.data(), x.size());
-      const Matrix& y = forward_f32(ctx, x32_);
+      Matrix& x32 = workspace(0);  // widened input and fp32 output: per thread, not per layer
+      ensure_shape(x32, x.shape(0), x.shape(1));
+      kernels::to_float(x.data(), x32.data(), x.size());
+      const Matrix& y = forward_f32(ctx, x32, workspace(1));
       Batch<T>& out = out_.get<T>();
       ensure_shape(out, y.shape(0), y.shape(1));
       kernels::from_float(y.data(), out.data(), y.size());
@@ -81,11 +82,12 @@ class BatchNorm1d {
   template <ActivationType T>
   const Batch<T>& backward(Context& ctx, const Batch<T>& dy) {
     if constexpr (std::is_same_v<T, float>) {
-      return backward_f32(ctx, dy);
+      return backward_f32(ctx, dy, dx_);
     } else {
-      ensure_shape(x32_, dy.shape(0), dy.shape(1));
-      kernels::to_float(dy.data(), x32_.data(), dy.size());
-      const Matrix& dx = backward_f32(ctx, x32_);
+      Matrix& dy32 = workspace(0);
+      ensure_shape(dy32, dy.shape(0), dy.shape(1));
+      kernels::to_float(dy.data(), dy32.data(), dy.size());
+      const Matrix& dx = backward_f32(ctx, dy32, workspace(1));
       Batch<T>& out = out_.get<T>();
       ensure_shape(out, dx.shape(0), dx.shape(1));
       kernels::from_float(dx.data(), out.data(), dx.size());
@@ -115,12 +117,18 @@ class BatchNorm1d {
   std::string describe() const { return (sync_ ? "SyncBatchNorm(" : "BatchNorm1d(") + std::to_string(features_) + ")"; }
 
  private:
-  const Matrix& forward_f32(Context& ctx, const Matrix& x) {
+  static Matrix& workspace(int which) {
+    thread_local Matrix w[2];
+    return w[which];
+  }
+
+  // Writes y (fp32); keeps x-hat and the statistics for backward.
+  const Matrix& forward_f32(Context& ctx, const Matrix& x, Matrix& y) {
     XTRAIN_CHECK(x.dimension() == 2 && x.shape(1) == features_, ShapeError, describe(), ": input has shape ",
                  shape_string(shape_of(x)), ", expected [batch, ", features_, "]");
     const std::size_t n = x.shape(0), c = features_;
     ensure_shape(xhat_, n, c);
-    ensure_shape(y_, n, c);
+    ensure_shape(y, n, c);
     training_ = ctx.training;
     if (ctx.training) {
       // Statistics over this rank's rows, or over all ranks' rows (SyncBatchNorm).
@@ -162,17 +170,17 @@ class BatchNorm1d {
     const float* g = weight_.data();
     const float* b = bias_.data();
     float* xh = xhat_.data();
-    float* py = y_.data();
+    float* py = y.data();
     for (std::size_t r = 0; r < n; ++r)
       for (std::size_t j = 0; j < c; ++j) {
         const float v = (px[r * c + j] - mean_[j]) * invstd_[j];
         xh[r * c + j] = v;
         py[r * c + j] = g[j] * v + b[j];
       }
-    return y_;
+    return y;
   }
 
-  const Matrix& backward_f32(Context& ctx, const Matrix& dy) {
+  const Matrix& backward_f32(Context& ctx, const Matrix& dy, Matrix& dx) {
     const std::size_t n = xhat_.shape(0), c = features_;
     XTRAIN_CHECK(dy.dimension() == 2 && dy.shape(0) == n && dy.shape(1) == c, ShapeError, describe(),
                  ": gradient has shape ", shape_string(shape_of(dy)), ", expected [", n, ", ", c, "]");
@@ -192,12 +200,12 @@ class BatchNorm1d {
       gb[j] += static_cast<float>(sum[j]);
     }
     if (!ctx.input_grad) {
-      ensure_shape(dx_, 0, 0);
-      return dx_;
+      ensure_shape(dx, 0, 0);
+      return dx;
     }
-    ensure_shape(dx_, n, c);
+    ensure_shape(dx, n, c);
     const float* g = weight_.data();
-    float* pdx = dx_.data();
+    float* pdx = dx.data();
     if (training_) {
       // dx = gamma * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)), means over the rows the
       // statistics came from (all ranks' for SyncBatchNorm).
@@ -213,7 +221,7 @@ class BatchNorm1d {
       for (std::size_t r = 0; r < n; ++r)
         for (std::size_t j = 0; j < c; ++j) pdx[r * c + j] = pd[r * c + j] * g[j] * invstd_[j];
     }
-    return dx_;
+    return dx;
   }
 
   std::size_t features_;
@@ -224,10 +232,9 @@ class BatchNorm1d {
   std::vector<float> mean_, invstd_, mean_dy_, mean_dy_xhat_;
   std::vector<double> scratch_;
   bool training_ = true, sync_ = false, synced_ = false;
-  double count_ = 0.0;  // rows the last training statistics came from
-  Matrix xhat_, y_, dx_;
-  Matrix x32_;        // bf16/fp16 input or gradient widened
-  BatchBuffers out_;  // bf16/fp16 output or input gradient
+  double count_ = 0.0;    // rows the last training statistics came from
+  Matrix xhat_, y_, dx_;  // fp32: x-hat (kept for backward), output, input gradient
+  BatchBuffers out_;      // bf16/fp16: output or input gradient
 };
 
 /// BatchNorm1d with statistics over all ranks (PyTorch's SyncBatchNorm).
