@@ -258,3 +258,79 @@ TEST_CASE("the Accelerate-style loop unscales fp16 gradients before clipping, as
   REQUIRE(engine.optimizer_steps() == t.optimizer_steps());
   REQUIRE(std::equal(t.params().values().begin(), t.params().values().end(), engine.params().values().begin()));
 }
+
+namespace {
+/// The loop position a user of the Accelerate-style API checkpoints with their state.
+struct LoopPosition {
+  std::uint64_t epoch = 0, batch = 0;
+  template <class Archive>
+  void serialize(Archive& ar, unsigned) {
+    ar& epoch& batch;
+  }
+};
+
+/// Trains `epochs` epochs of the Accelerate-style loop from `pos`; saves to `save_dir` (and
+/// stops) after optimizer step `stop_at` when it is non-zero.
+template <class E>
+void accelerate_loop(Accelerator<parallel::SingleProcess, MixedPrecision<fp16>>& acc, E& engine,
+                     const data::TensorDataset& train, LoopPosition& pos, std::size_t epochs, std::uint64_t stop_at,
+                     const std::string& save_dir) {
+  auto loader = acc.prepare(train, 32);
+  loss::CrossEntropyLoss loss;
+  for (; pos.epoch < epochs; ++pos.epoch, pos.batch = 0) {
+    loader.set_epoch(pos.epoch);
+    for (; pos.batch < loader.batches();) {
+      const auto b = loader.batch(pos.batch);
+      const bool sync = acc.accumulate(engine, pos.batch + 1 == loader.batches());
+      loss.forward(engine.forward(b.x, b.global_offset), b.y, acc.loss_normalizer(b));
+      acc.backward(engine, loss.backward(), sync);
+      engine.step(sync, b.global_count);
+      ++pos.batch;
+      if (stop_at && engine.step() == stop_at) {
+        acc.save_state(engine, save_dir);
+        return;
+      }
+    }
+  }
+}
+}  // namespace
+
+TEST_CASE("the Accelerate-style API saves and loads the whole state, loss scaler and user objects included",
+          "[precision][scaler][accelerator][checkpoint]") {
+  const auto train = head(fashion().train, 960);  // 30 steps per epoch
+  using Acc = Accelerator<parallel::SingleProcess, MixedPrecision<fp16>>;
+  auto overflow_first = [](auto& engine) { engine.loss_scaler().restore(0x1p24f, 0, 0); };  // skipped steps
+  Acc straight_acc{parallel::SingleProcess{}, AcceleratorOptions{}.seed(6)};
+  auto straight = straight_acc.prepare(homework_model(), optim::Adam{});
+  overflow_first(straight);
+  LoopPosition done;
+  accelerate_loop(straight_acc, straight, train, done, 2, 0, "");
+
+  const fs::path dir = fs::temp_directory_path() / "xtrain_accelerate_state";
+  fs::remove_all(dir);
+  {
+    Acc acc{parallel::SingleProcess{}, AcceleratorOptions{}.seed(6)};
+    LoopPosition pos;
+    acc.register_for_checkpointing(pos);
+    auto engine = acc.prepare(homework_model(), optim::Adam{});
+    overflow_first(engine);
+    accelerate_loop(acc, engine, train, pos, 2, 45, dir.string());  // mid-epoch 2
+    REQUIRE(pos.epoch == 1);
+    REQUIRE(engine.loss_scaler().skipped_steps() > 0);
+  }
+  Acc acc{parallel::SingleProcess{}, AcceleratorOptions{}.seed(6)};
+  LoopPosition pos;
+  acc.register_for_checkpointing(pos);
+  auto engine = acc.prepare(homework_model(), optim::Adam{});
+  acc.load_state(engine, dir.string());
+  REQUIRE(pos.epoch == 1);
+  REQUIRE(pos.batch == 15);
+  REQUIRE(engine.step() == 45);
+  accelerate_loop(acc, engine, train, pos, 2, 0, "");
+  REQUIRE(engine.loss_scaler().scale() == straight.loss_scaler().scale());
+  REQUIRE(engine.loss_scaler().skipped_steps() == straight.loss_scaler().skipped_steps());
+  REQUIRE(engine.optimizer_steps() == straight.optimizer_steps());
+  REQUIRE(std::equal(straight.params().values().begin(), straight.params().values().end(),
+                     engine.params().values().begin()));
+  fs::remove_all(dir);
+}

@@ -29,6 +29,9 @@ namespace xtrain::checkpoint {
 
 using boost::serialization::make_nvp;
 
+/// The file a training state is saved in, inside its folder.
+inline constexpr const char* state_file_name = "state.xtrain";
+
 /// A float tensor by name (parameters, float buffers).
 struct NamedTensor {
   std::string name;

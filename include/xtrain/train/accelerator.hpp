@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -151,6 +152,27 @@ class Accelerator {
     std::fflush(stdout);
   }
 
+  /// Saves the training state of `engine` to `dir`/state.xtrain, atomically (Accelerate's
+  /// save_state): parameters, buffers, optimizer state, schedule, loss scaler, step, data seed,
+  /// RNG, and the objects registered with register_for_checkpointing (your epoch and position, for
+  /// example). Collective: every rank calls it, rank 0 writes.
+  template <class E>
+  void save_state(E& engine, const std::string& dir) {
+    engine.save_state(dir, checkpoint::Progress{}, registered_);
+  }
+  /// Restores what save_state saved, on any number of ranks. Collective.
+  template <class E>
+  void load_state(E& engine, const std::string& dir) {
+    engine.load_state(dir, registered_);
+  }
+  /// Saves and restores `object` (anything with serialize(Archive&, unsigned)) with the state, in
+  /// registration order. It must outlive the saves and loads.
+  template <class T>
+  void register_for_checkpointing(T& object) {
+    registered_.push_back({[&object](boost::archive::binary_oarchive& ar) { ar << object; },
+                           [&object](boost::archive::binary_iarchive& ar) { ar >> object; }});
+  }
+
   /// Barrier: every rank waits until all have arrived.
   void wait_for_everyone() { comm_.barrier("wait_for_everyone"); }
 
@@ -161,6 +183,7 @@ class Accelerator {
 
   Communicator comm_;
   AcceleratorOptions options_;
+  std::vector<checkpoint::Registered> registered_;
 };
 
 }  // namespace xtrain

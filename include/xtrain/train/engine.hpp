@@ -8,10 +8,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "xtrain/checkpoint/archive.hpp"
+#include "xtrain/checkpoint/state.hpp"
 #include "xtrain/core/concepts.hpp"
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/param_arena.hpp"
@@ -167,6 +170,61 @@ class Engine {
   }
   /// True between the micro-steps of an accumulation window (a checkpoint must not be taken then).
   bool in_accumulation_window() const noexcept { return micro_ != 0; }
+
+  /// Saves the training state to `dir`/state.xtrain atomically: parameters, buffers (rank 0's),
+  /// optimizer state (gathered when sharded), schedule, loss scaler, step, data seed, RNG, the
+  /// `objects`, and the caller's part of `progress` (epoch, position, metric sums). Collective:
+  /// every rank calls it, rank 0 writes, every rank throws CheckpointError if the write failed.
+  void save_state(const std::string& dir, checkpoint::Progress progress,
+                  const std::vector<checkpoint::Registered>& objects) {
+    XTRAIN_CHECK(!in_accumulation_window(), ValueError,
+                 "save_state: called between the micro-steps of an accumulation window; save after an optimizer step");
+    broadcast_buffers();
+    progress.step = step_;
+    progress.data_seed = options_.seed;
+    progress.loss_scale = PrecisionPolicy::uses_loss_scaling ? scaler_.scale() : 0.0f;
+    progress.loss_scale_tracker = scaler_.growth_tracker();
+    progress.skipped_steps = scaler_.skipped_steps();
+    std::string error;
+    with_full_optimizer_state([&](typename Optimizer::State& state) {
+      if (comm_.rank() == 0) try {
+          std::filesystem::create_directories(dir);
+          checkpoint::write_atomic(
+              dir + "/" + checkpoint::state_file_name,
+              checkpoint::encode(model_, arena_, optimizer_, state, options_.schedule, progress, objects));
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+    });
+    comm_.broadcast(error, "checkpoint save status");
+    if (!error.empty()) throw checkpoint::CheckpointError(error);
+  }
+
+  /// Restores what save_state saved (on any number of ranks): parameters, buffers, optimizer
+  /// state, schedule, loss scaler, step, data seed, RNG, the `objects`. Returns the progress
+  /// record for the caller's part (epoch, position). Collective.
+  checkpoint::Progress load_state(const std::string& dir, const std::vector<checkpoint::Registered>& objects) {
+    const std::string path = dir + "/" + checkpoint::state_file_name;
+    std::string payload;
+    if (comm_.rank() == 0) try {
+        payload = "ok" + checkpoint::read_verified(path);
+      } catch (const std::exception& e) {
+        payload = std::string("error") + e.what();
+      }
+    comm_.broadcast(payload, "checkpoint load");
+    if (payload.rfind("error", 0) == 0) throw checkpoint::CheckpointError(payload.substr(5));
+    optim::LrSchedule schedule = options_.schedule;
+    typename Optimizer::State state;
+    const checkpoint::Progress p =
+        checkpoint::decode<Model, Optimizer>(payload.substr(2), path, model_, arena_, state, schedule, objects);
+    set_full_optimizer_state(std::move(state));
+    // The loss scaler continues where it was (fp16 to fp16); a run that did not scale starts at
+    // the configured scale. Skipped steps count either way: the schedule position depends on them.
+    scaler_.restore(p.loss_scale > 0.0f && PrecisionPolicy::uses_loss_scaling ? p.loss_scale : options_.loss_scale,
+                    p.loss_scale > 0.0f ? p.loss_scale_tracker : 0, p.skipped_steps);
+    restore(p.step, p.data_seed, schedule);
+    return p;
+  }
 
   /// Calls f(state) with the optimizer state in the rank-count-independent layout (the arena's
   /// natural size): the state itself, or, when sharded, the ranks' blocks gathered. Collective.

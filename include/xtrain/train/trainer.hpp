@@ -153,61 +153,24 @@ class Trainer {
   /// Saves the whole training state to `dir`/state.xtrain (atomically). Collective: every rank
   /// calls it; rank 0 writes. Rank 0's BatchNorm statistics are saved (broadcast first).
   void save_state(const std::string& dir) {
-    XTRAIN_CHECK(!engine_.in_accumulation_window(), ValueError,
-                 "save_state: called between the micro-steps of an accumulation window; save after an optimizer step");
-    engine_.broadcast_buffers();
     checkpoint::Progress p;
-    p.step = engine_.step();
     p.epoch = epoch_;
     p.samples_in_epoch = batch_in_epoch_ * global_batch_size();
     p.global_batch = global_batch_size();
-    p.data_seed = options_.seed();
-    if (engine_.uses_loss_scaling) p.loss_scale = engine_.loss_scaler().scale();
-    p.loss_scale_tracker = engine_.loss_scaler().growth_tracker();
-    p.skipped_steps = engine_.loss_scaler().skipped_steps();
     std::copy(epoch_sums_, epoch_sums_ + 3, p.epoch_sums);
     communicator().allreduce_sum(std::span<double>(p.epoch_sums, 3), "checkpoint metric sums");
-    std::string error;
-    engine_.with_full_optimizer_state([&](typename Optimizer::State& state) {  // gathered if sharded
-      if (is_main_process()) try {
-          std::filesystem::create_directories(dir);
-          checkpoint::write_atomic(dir + "/" + state_file, checkpoint::encode(model(), params(), optimizer(), state,
-                                                                              options_.schedule(), p, registered_));
-        } catch (const std::exception& e) {
-          error = e.what();
-        }
-    });
-    communicator().broadcast(error, "checkpoint save status");
-    if (!error.empty()) throw checkpoint::CheckpointError(error);
+    engine_.save_state(dir, p, registered_);
   }
 
   /// Restores the training state saved in `dir` (by save_state or save_checkpoint), on any number
   /// of ranks: fit() then continues where it stopped, mid-epoch included. Collective.
   void load_state(const std::string& dir) {
-    const std::string path = dir + "/" + state_file;
-    std::string payload;
-    if (is_main_process()) try {
-        payload = "ok" + checkpoint::read_verified(path);
-      } catch (const std::exception& e) {
-        payload = std::string("error") + e.what();
-      }
-    communicator().broadcast(payload, "checkpoint load");
-    if (payload.rfind("error", 0) == 0) throw checkpoint::CheckpointError(payload.substr(5));
-    optim::LrSchedule schedule = options_.schedule();
-    typename Optimizer::State state;
-    const checkpoint::Progress p =
-        checkpoint::decode<Model, Optimizer>(payload.substr(2), path, model(), params(), state, schedule, registered_);
-    engine_.set_full_optimizer_state(std::move(state));
-    XTRAIN_CHECK(p.samples_in_epoch % global_batch_size() == 0, checkpoint::CheckpointError, path, ": saved after ",
-                 p.samples_in_epoch, " samples of an epoch, not a multiple of this run's global batch ",
-                 global_batch_size(), " (resume with a global batch that divides it)");
-    options_.seed(p.data_seed).schedule(schedule);
-    // The loss scaler continues where it was (fp16 to fp16); a run that did not scale starts at
-    // the configured scale. Skipped steps count either way: the schedule position depends on them.
-    engine_.loss_scaler().restore(
-        p.loss_scale > 0.0f && engine_.uses_loss_scaling ? p.loss_scale : options_.loss_scale(),
-        p.loss_scale > 0.0f ? p.loss_scale_tracker : 0, p.skipped_steps);
-    engine_.restore(p.step, p.data_seed, schedule);
+    const checkpoint::Progress p = engine_.load_state(dir, registered_);
+    XTRAIN_CHECK(p.samples_in_epoch % global_batch_size() == 0, checkpoint::CheckpointError, dir, "/",
+                 checkpoint::state_file_name, ": saved after ", p.samples_in_epoch,
+                 " samples of an epoch, not a multiple of this run's global batch ", global_batch_size(),
+                 " (resume with a global batch that divides it)");
+    options_.seed(p.data_seed).schedule(engine_.options().schedule);
     epoch_ = p.epoch;
     batch_in_epoch_ = p.samples_in_epoch / global_batch_size();
     std::fill(epoch_sums_, epoch_sums_ + 3, 0.0);
@@ -385,7 +348,7 @@ class Trainer {
     return n;
   }
 
-  static constexpr const char* state_file = "state.xtrain";
+  static constexpr const char* state_file = checkpoint::state_file_name;
 
   TrainerOptions options_;
   std::size_t world_;
