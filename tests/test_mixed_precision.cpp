@@ -237,9 +237,8 @@ TEST_CASE("the Accelerate-style loop unscales fp16 gradients before clipping, as
   Fp16Trainer t{homework_model(), optim::Adam{},
                 TrainerOptions{}.batch_size(32).seed(4).verbose(false).clip_grad_norm(0.5).loss_scale(0x1p20f)};
   Accelerator<parallel::SingleProcess, MixedPrecision<fp16>> acc{parallel::SingleProcess{},
-                                                                 AcceleratorOptions{}.seed(4)};
+                                                                 AcceleratorOptions{}.seed(4).loss_scale(0x1p20f)};
   auto engine = acc.prepare(homework_model(), optim::Adam{});
-  engine.loss_scaler().restore(0x1p20f, 0, 0);
   auto loader = acc.prepare(train, 32);
   loader.set_epoch(0);
   loss::CrossEntropyLoss loss;
@@ -333,4 +332,12 @@ TEST_CASE("the Accelerate-style API saves and loads the whole state, loss scaler
   REQUIRE(std::equal(straight.params().values().begin(), straight.params().values().end(),
                      engine.params().values().begin()));
   fs::remove_all(dir);
+}
+
+TEST_CASE("a layer refuses a backward in another precision than its forward", "[precision][errors]") {
+  nn::Linear layer(4, 3);
+  Context ctx;
+  layer.forward(ctx, Batch<bf16>({2, 4}));
+  REQUIRE_THROWS_WITH(layer.backward(ctx, Matrix({2, 3})),
+                      Catch::Contains("Linear(4, 3): backward in fp32 after a forward in bf16"));
 }

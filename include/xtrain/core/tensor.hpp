@@ -31,6 +31,17 @@ using Matrix = Batch<float>;
 template <class T>
 concept ActivationType = std::same_as<T, float> || std::same_as<T, bf16> || std::same_as<T, fp16>;
 
+/// 0, 1, 2 for float, bf16, fp16 (a layer checks backward runs in the type of its forward).
+template <ActivationType T>
+inline constexpr int activation_type_index = std::same_as<T, float>  ? 0
+                                             : std::same_as<T, bf16> ? 1
+                                                                     : 2;
+
+/// The name of an activation type ("fp32", "bf16", "fp16") by index.
+constexpr const char* activation_type_name(int index) noexcept {
+  return index == 0 ? "fp32" : index == 1 ? "bf16" : "fp16";
+}
+
 /// One batch buffer per activation type: a layer keeps its outputs in the one of the precision
 /// it runs in (the others stay empty).
 struct BatchBuffers {

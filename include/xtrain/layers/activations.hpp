@@ -43,12 +43,15 @@ class Activation {
     ensure_shape(y, x.shape(0), x.shape(1));
     dispatch([&]<class Op>() { kernels::activation_forward<Op>(x.data(), y.data(), x.size()); });
     x_ = &x;
+    x_type_ = activation_type_index<T>;
     return y;
   }
 
   template <ActivationType T>
   const Batch<T>& backward(Context&, const Batch<T>& dy) {
     XTRAIN_CHECK(x_ != nullptr, ValueError, describe(), ": backward called before forward");
+    XTRAIN_CHECK(x_type_ == activation_type_index<T>, ValueError, describe(), ": backward in ",
+                 activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(x_type_));
     const Batch<T>& y = y_.get<T>();
     XTRAIN_CHECK(dy.shape() == y.shape(), ShapeError, describe(), ": gradient has shape ", shape_string(shape_of(dy)),
                  ", expected ", shape_string(shape_of(y)));
@@ -104,6 +107,7 @@ class Activation {
 
   ActivationKind kind_;
   const void* x_ = nullptr;  // the Batch<T> of the last forward
+  int x_type_ = 0;           // its activation_type_index
   BatchBuffers y_, dx_;
 };
 

@@ -59,6 +59,7 @@ class Linear {
     gemm<T>(kernels::Trans::no, kernels::Trans::yes, n, out_, in_, x.data(), in_, weight_.data(), in_, beta, acc, out_);
     if constexpr (!std::is_same_v<T, float>) kernels::from_float(acc, y.data(), n * out_);
     x_ = &x;
+    x_type_ = activation_type_index<T>;
     return y;
   }
 
@@ -66,6 +67,8 @@ class Linear {
   template <ActivationType T>
   const Batch<T>& backward(Context& ctx, const Batch<T>& dy) {
     XTRAIN_CHECK(x_ != nullptr, ValueError, describe(), ": backward called before forward");
+    XTRAIN_CHECK(x_type_ == activation_type_index<T>, ValueError, describe(), ": backward in ",
+                 activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(x_type_));
     const Batch<T>& x = *static_cast<const Batch<T>*>(x_);
     const std::size_t n = x.shape(0);
     XTRAIN_CHECK(dy.dimension() == 2 && dy.shape(0) == n && dy.shape(1) == out_, ShapeError, describe(),
@@ -137,6 +140,7 @@ class Linear {
   std::size_t in_, out_;
   Param weight_, bias_;
   const void* x_ = nullptr;  // the Batch<T> of the last forward
+  int x_type_ = 0;           // its activation_type_index
   BatchBuffers y_, dx_;
 };
 

@@ -58,6 +58,15 @@ class AcceleratorOptions {
     engine_.schedule = s;
     return *this;
   }
+  /// Initial loss scale of MixedPrecision<fp16> and the clean steps before it doubles (Accelerate's
+  /// GradScaler kwargs). Default 65536, 2000.
+  AcceleratorOptions& loss_scale(float init, std::uint64_t growth_interval = 2000) {
+    XTRAIN_CHECK(init > 0.0f && growth_interval > 0, ValueError,
+                 "AcceleratorOptions: loss_scale needs a positive scale and growth interval");
+    engine_.loss_scale = init;
+    engine_.loss_scale_growth_interval = growth_interval;
+    return *this;
+  }
   const EngineOptions& engine() const noexcept { return engine_; }
 
  private:
