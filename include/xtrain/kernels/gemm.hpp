@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <type_traits>
 #include <vector>
 
+#include "xtrain/kernels/convert.hpp"
 #include "xtrain/kernels/simd.hpp"
 
 namespace xtrain::kernels {
@@ -37,61 +39,72 @@ inline std::vector<float, xsimd::aligned_allocator<float, 64>>& pack_buffer(int 
   return buffers[which];
 }
 
-/// Packs op(B)[k0:k0+kc, j0:j0+nc] into panels of NR columns: panel p holds kc rows of NR floats,
-/// zero-padded past the last column.
-template <class Arch>
-void pack_b(Trans tb, const float* B, std::size_t ldb, std::size_t k0, std::size_t kc, std::size_t j0, std::size_t nc,
-            float* dst) {
-  constexpr std::size_t nr = GemmShape<Arch>::nr;
-  for (std::size_t jp = 0; jp < nc; jp += nr) {
-    const std::size_t width = std::min(nr, nc - jp);
-    float* panel = dst + jp * kc;
-    if (tb == Trans::no) {
+/// n elements of S as fp32 values rounded to the compute type T: copied (S = T = float),
+/// widened (S = T), or rounded through T (S = float, T = bf16/fp16).
+template <class T, class S>
+void load_rounded(const S* src, std::size_t n, float* out) noexcept {
+  if constexpr (std::is_same_v<S, float> && std::is_same_v<T, float>) {
+    std::copy(src, src + n, out);
+  } else if constexpr (std::is_same_v<S, float>) {
+    alignas(64) T tmp[256];
+    for (std::size_t i = 0; i < n; i += 256) {
+      const std::size_t m = std::min<std::size_t>(256, n - i);
+      from_float(src + i, tmp, m);
+      to_float(tmp, out + i, m);
+    }
+  } else {
+    to_float(src, out, n);
+  }
+}
+
+/// Packs `count` lines (columns of op(B), or rows of op(A)) starting at line c0, over depth
+/// [k0, k0 + kc), into panels of W lines: panel p holds kc groups of W floats, zero-padded past
+/// the last line. Element (k, c) is X[k * ld + c] when `contiguous` (a depth step is a row of X),
+/// else X[c * ld + k]. Values are rounded to the compute type T (float: copied as they are).
+template <std::size_t W, class T = float, class S>
+void pack_panels(bool contiguous, const S* X, std::size_t ld, std::size_t c0, std::size_t count, std::size_t k0,
+                 std::size_t kc, float* dst) {
+  thread_local std::vector<float, xsimd::aligned_allocator<float, 64>> row;  // a converted line
+  for (std::size_t cp = 0; cp < count; cp += W) {
+    const std::size_t width = std::min(W, count - cp);
+    float* panel = dst + cp * kc;
+    if (contiguous) {
       for (std::size_t k = 0; k < kc; ++k) {
-        const float* src = B + (k0 + k) * ldb + j0 + jp;
-        float* out = panel + k * nr;
-        std::size_t j = 0;
-        for (; j < width; ++j) out[j] = src[j];
-        for (; j < nr; ++j) out[j] = 0.0f;
+        float* out = panel + k * W;
+        load_rounded<T>(X + (k0 + k) * ld + c0 + cp, width, out);
+        std::fill(out + width, out + W, 0.0f);
       }
-    } else {
-      if (width < nr)
-        for (std::size_t k = 0; k < kc; ++k)
-          for (std::size_t j = width; j < nr; ++j) panel[k * nr + j] = 0.0f;
-      for (std::size_t j = 0; j < width; ++j) {
-        const float* src = B + (j0 + jp + j) * ldb + k0;
-        for (std::size_t k = 0; k < kc; ++k) panel[k * nr + j] = src[k];
+      continue;
+    }
+    if (width < W)
+      for (std::size_t k = 0; k < kc; ++k) std::fill(panel + k * W + width, panel + (k + 1) * W, 0.0f);
+    for (std::size_t c = 0; c < width; ++c) {
+      const S* line = X + (c0 + cp + c) * ld + k0;
+      const float* src;
+      if constexpr (std::is_same_v<S, float> && std::is_same_v<T, float>) {
+        src = line;
+      } else {
+        if (row.size() < kc) row.resize(kc);
+        load_rounded<T>(line, kc, row.data());
+        src = row.data();
       }
+      for (std::size_t k = 0; k < kc; ++k) panel[k * W + c] = src[k];
     }
   }
 }
 
-/// Packs op(A)[i0:i0+mc, k0:k0+kc] into panels of MR rows: panel p holds kc columns of MR floats.
-template <class Arch>
-void pack_a(Trans ta, const float* A, std::size_t lda, std::size_t i0, std::size_t mc, std::size_t k0, std::size_t kc,
+/// Packs op(B)[k0:k0+kc, j0:j0+nc] into panels of NR columns.
+template <class Arch, class T = float, class S>
+void pack_b(Trans tb, const S* B, std::size_t ldb, std::size_t k0, std::size_t kc, std::size_t j0, std::size_t nc,
             float* dst) {
-  constexpr std::size_t mr = GemmShape<Arch>::mr;
-  for (std::size_t ip = 0; ip < mc; ip += mr) {
-    const std::size_t height = std::min(mr, mc - ip);
-    float* panel = dst + ip * kc;
-    if (ta == Trans::yes) {
-      for (std::size_t k = 0; k < kc; ++k) {
-        const float* src = A + (k0 + k) * lda + i0 + ip;
-        float* out = panel + k * mr;
-        std::size_t i = 0;
-        for (; i < height; ++i) out[i] = src[i];
-        for (; i < mr; ++i) out[i] = 0.0f;
-      }
-    } else {
-      if (height < mr)
-        for (std::size_t k = 0; k < kc; ++k)
-          for (std::size_t i = height; i < mr; ++i) panel[k * mr + i] = 0.0f;
-      for (std::size_t i = 0; i < height; ++i) {
-        const float* src = A + (i0 + ip + i) * lda + k0;
-        for (std::size_t k = 0; k < kc; ++k) panel[k * mr + i] = src[k];
-      }
-    }
-  }
+  pack_panels<GemmShape<Arch>::nr, T>(tb == Trans::no, B, ldb, j0, nc, k0, kc, dst);
+}
+
+/// Packs op(A)[i0:i0+mc, k0:k0+kc] into panels of MR rows.
+template <class Arch, class T = float, class S>
+void pack_a(Trans ta, const S* A, std::size_t lda, std::size_t i0, std::size_t mc, std::size_t k0, std::size_t kc,
+            float* dst) {
+  pack_panels<GemmShape<Arch>::mr, T>(ta == Trans::yes, A, lda, i0, mc, k0, kc, dst);
 }
 
 /// C[0:mr, 0:nr] = alpha * A * Bp + beta * C for a packed B panel; `rows`/`cols` clip the store.

@@ -56,80 +56,6 @@ std::string gemm_kernel_name() {
 
 namespace detail {
 
-/// n elements of S as fp32 values rounded to T (S = T: widened; S = float: rounded through T).
-template <class T, class S>
-void load_rounded(const S* src, std::size_t n, float* out) noexcept {
-  if constexpr (std::is_same_v<S, float>) {
-    alignas(64) T tmp[256];
-    for (std::size_t i = 0; i < n; i += 256) {
-      const std::size_t m = std::min<std::size_t>(256, n - i);
-      from_float(src + i, tmp, m);
-      to_float(tmp, out + i, m);
-    }
-  } else {
-    to_float(src, out, n);
-  }
-}
-
-inline std::vector<float, xsimd::aligned_allocator<float, 64>>& lowp_row_buffer() {
-  thread_local std::vector<float, xsimd::aligned_allocator<float, 64>> row;
-  return row;
-}
-
-/// pack_b of kernels/gemm.hpp for operands stored as S and rounded to T.
-template <class Arch, class T, class S>
-void pack_b_widen(Trans tb, const S* B, std::size_t ldb, std::size_t k0, std::size_t kc, std::size_t j0, std::size_t nc,
-                  float* dst) {
-  constexpr std::size_t nr = GemmShape<Arch>::nr;
-  auto& row = lowp_row_buffer();
-  if (row.size() < kc) row.resize(kc);
-  for (std::size_t jp = 0; jp < nc; jp += nr) {
-    const std::size_t width = std::min(nr, nc - jp);
-    float* panel = dst + jp * kc;
-    if (tb == Trans::no) {
-      for (std::size_t k = 0; k < kc; ++k) {
-        float* out = panel + k * nr;
-        load_rounded<T>(B + (k0 + k) * ldb + j0 + jp, width, out);
-        std::fill(out + width, out + nr, 0.0f);
-      }
-    } else {
-      if (width < nr)
-        for (std::size_t k = 0; k < kc; ++k) std::fill(panel + k * nr + width, panel + (k + 1) * nr, 0.0f);
-      for (std::size_t j = 0; j < width; ++j) {
-        load_rounded<T>(B + (j0 + jp + j) * ldb + k0, kc, row.data());
-        for (std::size_t k = 0; k < kc; ++k) panel[k * nr + j] = row[k];
-      }
-    }
-  }
-}
-
-/// pack_a of kernels/gemm.hpp for operands stored as S and rounded to T.
-template <class Arch, class T, class S>
-void pack_a_widen(Trans ta, const S* A, std::size_t lda, std::size_t i0, std::size_t mc, std::size_t k0, std::size_t kc,
-                  float* dst) {
-  constexpr std::size_t mr = GemmShape<Arch>::mr;
-  auto& row = lowp_row_buffer();
-  if (row.size() < std::max(kc, mr)) row.resize(std::max(kc, mr));
-  for (std::size_t ip = 0; ip < mc; ip += mr) {
-    const std::size_t height = std::min(mr, mc - ip);
-    float* panel = dst + ip * kc;
-    if (ta == Trans::yes) {
-      for (std::size_t k = 0; k < kc; ++k) {
-        float* out = panel + k * mr;
-        load_rounded<T>(A + (k0 + k) * lda + i0 + ip, height, out);
-        std::fill(out + height, out + mr, 0.0f);
-      }
-    } else {
-      if (height < mr)
-        for (std::size_t k = 0; k < kc; ++k) std::fill(panel + k * mr + height, panel + (k + 1) * mr, 0.0f);
-      for (std::size_t i = 0; i < height; ++i) {
-        load_rounded<T>(A + (i0 + ip + i) * lda + k0, kc, row.data());
-        for (std::size_t k = 0; k < kc; ++k) panel[k * mr + i] = row[k];
-      }
-    }
-  }
-}
-
 /// The widening implementation: packs fp32 panels and runs the fp32 micro-kernel.
 template <class Arch, class T, class TA, class TB>
 void gemm_widen(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* A,
@@ -137,10 +63,10 @@ void gemm_widen(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K,
   gemm_blocked<Arch>(
       M, N, K, alpha, nullptr, 0, beta, C, ldc,
       [&](std::size_t k0, std::size_t kc, std::size_t j0, std::size_t nc, float* dst) {
-        pack_b_widen<Arch, T>(tb, B, ldb, k0, kc, j0, nc, dst);
+        pack_b<Arch, T>(tb, B, ldb, k0, kc, j0, nc, dst);
       },
       [&](std::size_t i0, std::size_t mc, std::size_t k0, std::size_t kc, float* dst) {
-        pack_a_widen<Arch, T>(ta, A, lda, i0, mc, k0, kc, dst);
+        pack_a<Arch, T>(ta, A, lda, i0, mc, k0, kc, dst);
       });
 }
 

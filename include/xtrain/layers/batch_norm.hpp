@@ -64,35 +64,20 @@ class BatchNorm1d {
   /// normalisation and the saved x-hat are fp32; y is rounded to the activation type.
   template <ActivationType T>
   const Batch<T>& forward(Context& ctx, const Batch<T>& x) {
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (std::is_same_v<T, float>)
       return forward_f32(ctx, x, y_);
-    } else {
-      Matrix& x32 = workspace(0);  // widened input and fp32 output: per thread, not per layer
-      ensure_shape(x32, x.shape(0), x.shape(1));
-      kernels::to_float(x.data(), x32.data(), x.size());
-      const Matrix& y = forward_f32(ctx, x32, workspace(1));
-      Batch<T>& out = out_.get<T>();
-      ensure_shape(out, y.shape(0), y.shape(1));
-      kernels::from_float(y.data(), out.data(), y.size());
-      return out;
-    }
+    else
+      return through_f32(x, [&](const Matrix& x32, Matrix& y) -> const Matrix& { return forward_f32(ctx, x32, y); });
   }
 
   /// dgamma += sum(dy * xhat), dbeta += sum(dy); dx through the batch statistics when training.
   template <ActivationType T>
   const Batch<T>& backward(Context& ctx, const Batch<T>& dy) {
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (std::is_same_v<T, float>)
       return backward_f32(ctx, dy, dx_);
-    } else {
-      Matrix& dy32 = workspace(0);
-      ensure_shape(dy32, dy.shape(0), dy.shape(1));
-      kernels::to_float(dy.data(), dy32.data(), dy.size());
-      const Matrix& dx = backward_f32(ctx, dy32, workspace(1));
-      Batch<T>& out = out_.get<T>();
-      ensure_shape(out, dx.shape(0), dx.shape(1));
-      kernels::from_float(dx.data(), out.data(), dx.size());
-      return out;
-    }
+    else
+      return through_f32(dy,
+                         [&](const Matrix& dy32, Matrix& dx) -> const Matrix& { return backward_f32(ctx, dy32, dx); });
   }
 
   template <class F>
@@ -117,9 +102,19 @@ class BatchNorm1d {
   std::string describe() const { return (sync_ ? "SyncBatchNorm(" : "BatchNorm1d(") + std::to_string(features_) + ")"; }
 
  private:
-  static Matrix& workspace(int which) {
-    thread_local Matrix w[2];
-    return w[which];
+  // bf16/fp16: widens `in` into a per-thread workspace, runs f(in32, out32) with a second one as
+  // the fp32 output, and rounds that into this layer's output of type T (per thread, not per
+  // layer: only x-hat and the 16-bit result stay with the layer).
+  template <class T, class F>
+  const Batch<T>& through_f32(const Batch<T>& in, F&& f) {
+    thread_local Matrix in32, out32;
+    ensure_shape(in32, in.shape(0), in.shape(1));
+    kernels::to_float(in.data(), in32.data(), in.size());
+    const Matrix& r = f(in32, out32);
+    Batch<T>& out = out_.get<T>();
+    ensure_shape(out, r.shape(0), r.shape(1));
+    kernels::from_float(r.data(), out.data(), r.size());
+    return out;
   }
 
   // Writes y (fp32); keeps x-hat and the statistics for backward.
