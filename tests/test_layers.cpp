@@ -297,5 +297,7 @@ TEST_CASE("Concepts: layers and optimizers are recognised and other types are no
   static_assert(!Layer<int> && !Layer<optim::Adam>);
   static_assert(Optimizer<optim::SGD> && Optimizer<optim::Adam> && Optimizer<optim::AdamW>);
   static_assert(!Optimizer<nn::Linear>);
+  static_assert(LayerFor<nn::Linear, bf16> && LayerFor<nn::BatchNorm1d, fp16> && LayerFor<nn::SiLU, bf16> &&
+                LayerFor<nn::Dropout, fp16> && LayerFor<nn::Sequential<nn::Linear, nn::ReLU>, bf16>);
   SUCCEED();
 }

@@ -65,11 +65,14 @@ consteval bool check_layer() {
   return Layer<L>;
 }
 
-/// A layer that also runs with activations stored as T (bf16, fp16): forward/backward over Batch<T>.
+/// A layer that runs with activations stored as T: for bf16/fp16, forward/backward taking and
+/// returning `const Batch<T>&` exactly (a Matrix-only layer would otherwise seem to qualify:
+/// xtensor converts a Batch<bf16> to a Matrix implicitly); for float, forward and backward.
 template <class L, class T>
-concept LayerFor = requires(L& layer, Context& ctx, const Batch<T>& x) {
-  { layer.forward(ctx, x) } -> std::convertible_to<const Batch<T>&>;
-  { layer.backward(ctx, x) } -> std::convertible_to<const Batch<T>&>;
+concept LayerFor = (std::same_as<T, float> && HasForward<L> && HasBackward<L>) ||
+                   requires(L& layer, Context& ctx, const Batch<T>& x) {
+  { layer.forward(ctx, x) } -> std::same_as<const Batch<T>&>;
+  { layer.backward(ctx, x) } -> std::same_as<const Batch<T>&>;
 };
 
 /// Fails compilation with a readable message when a layer cannot run with T activations.

@@ -27,10 +27,11 @@ class Sequential {
 
   /// Runs the layers in order, activations stored as T between them (float, or bf16/fp16 under
   /// MixedPrecision). The returned reference lives in the last layer until its next forward.
+  /// Offered only for the T every layer supports, so that `LayerFor<Sequential<...>, T>` tells
+  /// whether the whole model can run with T activations.
   template <ActivationType T>
-  const Batch<T>& forward(Context& ctx, const Batch<T>& x) {
-    static_assert(!valid || (check_layer_for<Layers, T>() && ...));
-    if constexpr (valid && (LayerFor<Layers, T> && ...))
+  requires(LayerFor<Layers, T>&&...) const Batch<T>& forward(Context& ctx, const Batch<T>& x) {
+    if constexpr (valid)
       return forward_from<0>(ctx, x);
     else
       return x;
@@ -40,8 +41,8 @@ class Sequential {
   /// (the Trainer clears it: nothing needs the gradient of the data). After each layer,
   /// `ctx.grads_ready` (if set) is told that layer's parameter gradients are final.
   template <ActivationType T>
-  const Batch<T>& backward(Context& ctx, const Batch<T>& dy) {
-    if constexpr (valid && (LayerFor<Layers, T> && ...)) {
+  requires(LayerFor<Layers, T>&&...) const Batch<T>& backward(Context& ctx, const Batch<T>& dy) {
+    if constexpr (valid) {
       const bool want_input_grad = ctx.input_grad;
       const Batch<T>& dx = backward_from<sizeof...(Layers) - 1>(ctx, dy, want_input_grad);
       ctx.input_grad = want_input_grad;
