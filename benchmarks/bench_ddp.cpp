@@ -3,7 +3,8 @@
 // Prints samples/s over all processes and the time spent waiting on gradient communication vs
 // the time reductions were in flight while backward still ran (overlap). `--deterministic CHUNK`
 // measures the rank-count-invariant reduction, `--precision bf16|fp16` mixed precision,
-// `--compress bf16|fp16` gradients sent as 16-bit values.
+// `--compress bf16|fp16` gradients sent as 16-bit values. XTRAIN_SHARED_MEMORY=0 sums over MPI
+// instead of the node's shared-memory segment (`sums=` in the output says which ran).
 //
 //   mpirun -np 2 build/benchmarks/bench_ddp --model wide --batch 256 --steps 100 --precision bf16
 #include <chrono>
@@ -58,12 +59,16 @@ int run(Model model, const Setup& s) {
   const double per_step = totals[0] / ranks / n;
   if (c.rank() == 0)
     std::printf(
-        "xtrain model=%s%s precision=%s gradients=%s processes=%zu batch/process=%zu buckets=%zu: %.0f samples/s "
+        "xtrain model=%s%s precision=%s gradients=%s sums=%s processes=%zu batch/process=%zu buckets=%zu: %.0f "
+        "samples/s "
         "(%.3f ms/step; communication %.3f ms/step waiting, %.3f ms/step overlapped with backward)\n",
         s.model.c_str(), s.deterministic ? (" deterministic(" + std::to_string(s.deterministic) + ")").c_str() : "",
-        Precision::name, s.compress == "none" ? "fp32" : s.compress.c_str(), c.size(), s.batch, trainer.bucket_count(),
-        static_cast<double>(s.batch) * ranks / per_step, 1e3 * per_step, 1e3 * totals[1] / ranks / n,
-        1e3 * totals[2] / ranks / n);
+        Precision::name, s.compress == "none" ? "fp32" : s.compress.c_str(),
+        c.size() == 1             ? "none"
+        : c.shared_memory_ranks() ? "shared-memory"
+                                  : "mpi",
+        c.size(), s.batch, trainer.bucket_count(), static_cast<double>(s.batch) * ranks / per_step, 1e3 * per_step,
+        1e3 * totals[1] / ranks / n, 1e3 * totals[2] / ranks / n);
   return 0;
 }
 

@@ -2,6 +2,7 @@
 //   throw     rank 1 throws during training: the job must end with its message, non-zero, quickly
 //   mismatch  ranks enter different collectives under XTRAIN_DEBUG_COLLECTIVES=1: reported
 //   stall     rank 1 never enters a collective: rank 0's times out (XTRAIN_COLLECTIVE_TIMEOUT) and names it
+//   stall_shared_memory  the same once the float sums go through shared memory (its node barrier)
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -33,6 +34,14 @@ int main(int argc, char** argv) {
       comm.allreduce_sum(std::span<float>(v), "probe metrics");
     else
       comm.broadcast(std::span<float>(v.data(), 7), "probe parameters");
+  }
+  if (mode == "stall_shared_memory") {
+    comm.allreduce_sum(std::span<float>(v), "probe first allreduce");  // sets up the shared segment
+    if (comm.shared_memory_ranks() != 2) return 3;
+    if (comm.rank() == 1)
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+    else
+      comm.allreduce_sum(std::span<float>(v), "probe stalled shared-memory allreduce");
   }
   if (mode == "stall") {
     if (comm.rank() == 1)

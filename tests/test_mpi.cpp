@@ -231,3 +231,78 @@ TEST_CASE("MPI: bf16 training with bf16-compressed gradients learns and keeps th
   MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
   REQUIRE(mine == root);
 }
+
+namespace {
+// Sums of small integers are exact in fp32: any summation order gives the same bits.
+float summand(std::size_t rank, std::size_t i) {
+  return static_cast<float>((i * 7 + rank * 13) % 101) - 50.0f;
+}
+void check_float_sums(MpiAllReduce& comm) {
+  // 1 value, an odd size, and more than the scratch slots hold (several chunks).
+  for (const std::size_t n : {std::size_t{1}, std::size_t{1001}, std::size_t{1'300'007}}) {
+    std::vector<float> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = summand(comm.rank(), i);
+    comm.allreduce_sum(std::span<float>(v), "float sum test");
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      float sum = 0.0f;
+      for (std::size_t r = 0; r < comm.size(); ++r) sum += summand(r, i);
+      wrong += v[i] != sum;
+    }
+    INFO(n << " values");
+    REQUIRE(wrong == 0);
+  }
+}
+}  // namespace
+
+TEST_CASE("MPI: float sums through shared memory are exact, within a node and across simulated nodes", "[mpi]") {
+  const std::size_t size = static_cast<std::size_t>(world_size());
+  SECTION("one node: every rank sums through the shared segment") {
+    MpiAllReduce comm;
+    comm.shared_memory(true);  // (the .tcp runs turn it off for the other tests by the environment)
+    check_float_sums(comm);
+    REQUIRE(comm.shared_memory_ranks() == size);
+  }
+  SECTION("nodes of 2 ranks: shared memory within each, MPI between them") {
+    MpiAllReduce comm;
+    comm.shared_memory(true).ranks_per_node(2);
+    check_float_sums(comm);
+    REQUIRE(comm.shared_memory_ranks() == 2);
+  }
+  SECTION("one rank per node, or nodes of different sizes: plain MPI") {
+    MpiAllReduce comm;
+    comm.shared_memory(true).ranks_per_node(size == 4 ? 3 : 1);  // 4 ranks: nodes of 3 and 1 (a warning says why)
+    check_float_sums(comm);
+    REQUIRE(comm.shared_memory_ranks() == 0);
+  }
+  SECTION("off") {
+    MpiAllReduce comm;
+    comm.shared_memory(false);
+    check_float_sums(comm);
+    REQUIRE(comm.shared_memory_ranks() == 0);
+  }
+}
+
+TEST_CASE("MPI: training with gradients in shared memory equals training over MPI_Allreduce", "[mpi]") {
+  // 2 ranks sum a + b either way: bitwise equal. 4 ranks: MPI's tree may add in another order.
+  auto train = [](MpiAllReduce comm, bool expect_shared) {
+    static const auto data = head(fashion().train, 1600);
+    MlpTrainer t{mlp(), optim::Adam{}.lr(2e-3f), TrainerOptions{}.epochs(1).global_batch_size(64).verbose(false),
+                 std::move(comm)};
+    // The Engine moved its gradients into the segment when it was built.
+    REQUIRE((t.communicator().shared_memory_ranks() > 0) == expect_shared);
+    t.fit(data, head(fashion().test, 500));
+    return std::vector<float>(t.params().values().begin(), t.params().values().end());
+  };
+  MpiAllReduce on, off;
+  on.shared_memory(true);
+  off.shared_memory(false);
+  const auto shared = train(std::move(on), true), plain = train(std::move(off), false);
+  if (world_size() == 2)
+    REQUIRE(shared == plain);
+  else
+    REQUIRE(max_abs_diff(shared, plain) < 1e-5f);
+  std::vector<float> root = shared;  // and every rank holds the same parameters
+  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  REQUIRE(shared == root);
+}

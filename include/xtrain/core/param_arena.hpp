@@ -65,18 +65,29 @@ class ParamArena {
     total = (total + multiple - 1) / multiple * multiple;
     values_.assign(total, 0.0f);
     grads_.assign(total, 0.0f);
-    std::size_t i = 0;
-    model.visit_params(std::string{}, [&](const std::string&, Param& p) {
-      p.rebind(values_.data() + entries_[i].offset, grads_.data() + entries_[i].offset);
-      ++i;
-    });
+    grad_view_ = {grads_.data(), grads_.size()};
+    rebind(model);
     zero_grad();
+  }
+
+  /// Moves the gradients of `model` (adopted by this arena) into `storage` (at least size()
+  /// floats, e.g. a communicator's shared-memory buffer that outlives the arena's use): values
+  /// copied, each Param's gradient view rebound, the arena's own gradient buffer released.
+  template <class Model>
+  void move_gradients_to(Model& model, std::span<float> storage) {
+    XTRAIN_CHECK(storage.size() >= size(), ValueError, "ParamArena: gradient storage of ", storage.size(),
+                 " floats for ", size(), " gradients");
+    std::copy(grad_view_.begin(), grad_view_.end(), storage.begin());
+    std::fill(storage.begin() + static_cast<std::ptrdiff_t>(size()), storage.end(), 0.0f);
+    grad_view_ = storage.first(size());
+    rebind(model);
+    AlignedVector().swap(grads_);
   }
 
   std::span<float> values() noexcept { return {values_.data(), values_.size()}; }
   std::span<const float> values() const noexcept { return {values_.data(), values_.size()}; }
-  std::span<float> grads() noexcept { return {grads_.data(), grads_.size()}; }
-  std::span<const float> grads() const noexcept { return {grads_.data(), grads_.size()}; }
+  std::span<float> grads() noexcept { return grad_view_; }
+  std::span<const float> grads() const noexcept { return grad_view_; }
   /// Length of the flat buffers (parameters plus alignment padding, which stays zero).
   std::size_t size() const noexcept { return values_.size(); }
   /// The length without the `multiple` rounding of adopt(): the layout checkpoints use, the same
@@ -97,12 +108,22 @@ class ParamArena {
     return *it;
   }
   std::span<float> values(const ParamEntry& e) noexcept { return {values_.data() + e.offset, e.size}; }
-  std::span<float> grads(const ParamEntry& e) noexcept { return {grads_.data() + e.offset, e.size}; }
+  std::span<float> grads(const ParamEntry& e) noexcept { return grad_view_.subspan(e.offset, e.size); }
 
-  void zero_grad() noexcept { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+  void zero_grad() noexcept { std::fill(grad_view_.begin(), grad_view_.end(), 0.0f); }
 
  private:
+  template <class Model>
+  void rebind(Model& model) {
+    std::size_t i = 0;
+    model.visit_params(std::string{}, [&](const std::string&, Param& p) {
+      p.rebind(values_.data() + entries_[i].offset, grad_view_.data() + entries_[i].offset);
+      ++i;
+    });
+  }
+
   AlignedVector values_, grads_;
+  std::span<float> grad_view_;  // grads_, or storage given to move_gradients_to
   std::size_t natural_size_ = 0;
   std::vector<ParamEntry> entries_;
 };

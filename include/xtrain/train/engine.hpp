@@ -6,6 +6,7 @@
 /// last micro-step of an accumulation window: wait, clip, optimizer step).
 
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -72,6 +73,15 @@ class Engine {
     XTRAIN_CHECK(!(shard_ && options_.deterministic_chunk), ValueError,
                  "shard_optimizer and the deterministic reduction cannot be combined");
     synchronize();
+    // A communicator that sums through shared memory gets the gradients written where it reads
+    // them (the bucketed and sharded paths; the deterministic one reduces chunk sums elsewhere).
+    if constexpr (requires(Communicator & c) {
+                    { c.gradient_storage(std::size_t{}) } -> std::same_as<std::span<float>>;
+                  }) {
+      if (comm_.size() > 1 && !options_.deterministic_chunk)
+        if (const std::span<float> s = comm_.gradient_storage(arena_.size()); !s.empty())
+          arena_.move_gradients_to(model_, s);
+    }
   }
 
   Engine(const Engine&) = delete;
