@@ -21,6 +21,27 @@ constexpr const char* compression_name(Compression c) noexcept {
   return c == Compression::bf16 ? "bf16" : c == Compression::fp16 ? "fp16" : "none";
 }
 
+/// out[i - lo] = src(0)[i] + src(1)[i] + ... + src(ranks - 1)[i] for i in [lo, hi): the ranks'
+/// values added in rank order, so every rank that computes an element gets the same bits
+/// (`src(k)`: rank k's values). `out` may be one of the sources (a tile is read from every rank
+/// before it is written). The summing step of the reduce-scatters of ThreadAllReduce and of the
+/// shared-memory path of MpiAllReduce.
+template <class T, class Src>
+void sum_in_rank_order(Src&& src, std::size_t ranks, std::size_t lo, std::size_t hi, T* out) noexcept {
+  constexpr std::size_t tile = 64;
+  T acc[tile];
+  for (std::size_t i0 = lo; i0 < hi; i0 += tile) {
+    const std::size_t n = hi - i0 < tile ? hi - i0 : tile;
+    const T* first = src(std::size_t{0}) + i0;
+    for (std::size_t j = 0; j < n; ++j) acc[j] = first[j];
+    for (std::size_t k = 1; k < ranks; ++k) {
+      const T* s = src(k) + i0;
+      for (std::size_t j = 0; j < n; ++j) acc[j] += s[j];
+    }
+    for (std::size_t j = 0; j < n; ++j) out[i0 - lo + j] = acc[j];
+  }
+}
+
 /// Optional: a communicator that can compress gradient reductions (`gradient_compression()`,
 /// `allreduce_gradients(span, name)`: a blocking sum over ranks in the compressed form).
 template <class C>

@@ -14,14 +14,11 @@
 ///  - XTRAIN_DEBUG_COLLECTIVES=1 checks before each collective that every rank entered the same
 ///    one (kind, name, element count) and reports the first mismatch.
 
-#include <fcntl.h>
 #include <mpi.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -32,7 +29,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -45,6 +41,7 @@
 #include "xtrain/core/precision.hpp"
 #include "xtrain/kernels/convert.hpp"
 #include "xtrain/parallel/communicator.hpp"
+#include "xtrain/parallel/shared_memory.hpp"
 
 namespace xtrain::parallel {
 
@@ -111,27 +108,11 @@ namespace detail {
             " s for the other ranks; a rank is stuck or dead. Aborting the job.");
 }
 
-/// Spins until `done()`; yields after a while (an oversubscribed peer must get the core) and
-/// aborts the job, naming the collective, after `timeout`.
-template <class Done>
-void wait_until(Done&& done, const char* name, std::size_t count, std::chrono::duration<double> timeout) {
-  const auto start = std::chrono::steady_clock::now();
-  for (std::uint64_t spins = 0;; ++spins) {
-    if (done()) return;
-    if (spins > 2000) std::this_thread::yield();
-    if ((spins & 255) == 0 && std::chrono::steady_clock::now() - start > timeout) abort_timed_out(name, count, timeout);
-  }
-}
-
-/// Sums float vectors over the ranks of a node through a shared-memory segment, and across
-/// nodes with MPI (hierarchical: reduce-scatter in the node, allreduce of each block between the
-/// ranks that own it on every node, allgather in the node). Rank l of a node sums block l over
-/// the ranks' slots in slot order and publishes it; every rank copies the other blocks. Every
-/// rank ends with the same bits.
-///
-/// The segment holds each rank's gradient buffer (`gradient_slot()`: the Engine trains with its
-/// gradients there, so backward writes them where the peers read them, no copy in) and scratch
-/// slots through which any other vector is copied in chunks.
+/// Sums float vectors over the ranks of a node through a shared-memory segment
+/// (shm::NodeSums), and across nodes with MPI (hierarchical: reduce-scatter in the node,
+/// allreduce of each block between the ranks that own it on every node, allgather in the node).
+/// This class does the MPI part: finds the node's ranks, shares the segment's name, agrees on
+/// whether it can be used, and runs the step between nodes.
 ///
 /// Why: Open MPI's allreduce between the processes of one node copies through its shared-memory
 /// transport (single-copy reads by system call for large messages); here the peers' values are
@@ -154,7 +135,6 @@ class NodeReducer {
     MPI_Comm_size(node_, &local_size);
     MPI_Comm_split(comm, local, rank, &cross_);
     MPI_Comm_size(cross_, &nodes);
-    local_ = static_cast<std::size_t>(local);
     ranks_ = static_cast<std::size_t>(local_size);
     nodes_ = static_cast<std::size_t>(nodes);
     int sizes[2] = {-local_size, local_size};  // equal on every node?
@@ -164,46 +144,31 @@ class NodeReducer {
       problem_ = "the nodes run different numbers of ranks (launch as many on each)";
       return;
     }
-    // Two sets of scratch slots (alternate chunks use alternate sets, so a rank may start the
-    // next while a slower one still copies out of the last), 4 MB of values per set in all.
-    chunk_ = std::max<std::size_t>(16384, (std::size_t{1} << 20) / ranks_) / 64 * 64;
-    grad_len_ = (gradients + 15) / 16 * 16;
-    grads_at_ = ranks_ * sizeof(Flag) + 2 * ranks_ * chunk_ * sizeof(float);
-    bytes_ = grads_at_ + ranks_ * grad_len_ * sizeof(float);
+    const std::size_t bytes = shm::NodeSums::bytes(ranks_, gradients);
     char name[64] = {};
-    int err = 0;  // errno of node rank 0's failure
-    if (local_ == 0) {
+    int err = 0;  // node rank 0's creation, then any rank's mapping
+    if (local == 0) {
       std::snprintf(name, sizeof name, "/xtrain-%ld-%d-%u", static_cast<long>(::getpid()), rank,
                     counter().fetch_add(1));
-      const int fd = ::shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-      err = fd < 0 ? errno : ::posix_fallocate(fd, 0, static_cast<off_t>(bytes_));  // reserve: no SIGBUS later
-      if (fd >= 0) ::close(fd);
+      err = shm::Segment::create(name, bytes);
     }
     MPI_Bcast(name, sizeof name, MPI_CHAR, 0, node_);
     MPI_Bcast(&err, 1, MPI_INT, 0, node_);
-    if (err == 0) {
-      const int fd = ::shm_open(name, O_RDWR, 0600);
-      void* p = fd >= 0 ? ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-      if (p == MAP_FAILED) err = errno;
-      if (fd >= 0) ::close(fd);
-      if (p != MAP_FAILED) base_ = static_cast<char*>(p);
-    }
+    if (err == 0) err = segment_.map(name, bytes);
     MPI_Allreduce(MPI_IN_PLACE, &err, 1, MPI_INT, MPI_MAX, comm);  // every rank mapped it, or none uses it
-    if (local_ == 0) ::shm_unlink(name);                           // the name goes; the mappings stay
+    if (local == 0) shm::Segment::unlink(name);                    // the name goes; the mappings stay
     if (err != 0) {
-      problem_ = "cannot create a " + std::to_string(bytes_ >> 20) + " MiB shared-memory segment in /dev/shm (" +
+      problem_ = "cannot create a " + std::to_string(bytes >> 20) + " MiB shared-memory segment in /dev/shm (" +
                  std::strerror(err) + "); give /dev/shm more room (docker run --shm-size)";
-      release();
+      segment_.unmap();
       return;
     }
-    new (&flag(local_)) Flag{};
+    sums_ = shm::NodeSums(segment_.data(), ranks_, static_cast<std::size_t>(local), gradients, &abort_timed_out);
     MPI_Barrier(node_);
-    active_ = true;
   }
   NodeReducer(const NodeReducer&) = delete;
   NodeReducer& operator=(const NodeReducer&) = delete;
   ~NodeReducer() {
-    release();
     int finalised = 0;
     MPI_Finalized(&finalised);
     if (!finalised) {
@@ -212,163 +177,52 @@ class NodeReducer {
     }
   }
 
-  bool active() const noexcept { return active_; }
+  bool active() const noexcept { return segment_.data() != nullptr; }
   /// Why a node with several ranks could not use shared memory ("" otherwise).
   const std::string& problem() const noexcept { return problem_; }
   std::size_t ranks_per_node() const noexcept { return ranks_; }
-  std::size_t nodes() const noexcept { return nodes_; }
   /// This rank's gradient buffer in the segment (empty when inactive or no gradients asked for).
-  std::span<float> gradient_slot() noexcept {
-    return active_ && grad_len_ ? std::span<float>(grad_slot(local_), grad_len_) : std::span<float>{};
-  }
+  std::span<float> gradient_slot() noexcept { return active() ? sums_.gradient_slot() : std::span<float>{}; }
 
-  /// In-place sum of `v` over all ranks. Collective; every rank passes the same size (and,
-  /// within the gradient slot, the same offset). A wait longer than `timeout` aborts the job,
-  /// naming `what`.
+  /// In-place sum of `v` over all ranks. Collective; every rank passes the same size. A wait
+  /// longer than `timeout` aborts the job, naming `what`.
   void allreduce(std::span<float> v, const char* what, std::chrono::duration<double> timeout) {
-    timeout_ = timeout;
-    what_ = what;
-    count_ = v.size();
-    float* own = grad_slot(local_);
-    if (grad_len_ && v.data() >= own && v.data() + v.size() <= own + grad_len_)
-      return in_place(v.data() - own, v.size());
-    for (std::size_t off = 0; off < v.size(); off += chunk_) {
-      const std::size_t m = std::min(chunk_, v.size() - off);
-      float* set = scratch() + (chunks_++ & 1) * ranks_ * chunk_;
-      float* mine = v.data() + off;
-      std::memcpy(set + local_ * chunk_, mine, m * sizeof(float));
-      arrive_and_wait();
-      const auto [lo, hi] = block(m, local_);
-      sum_block(set, chunk_, lo, hi, mine);
-      std::memcpy(set + local_ * chunk_ + lo, mine + lo, (hi - lo) * sizeof(float));
-      arrive_and_wait();
-      copy_other_blocks(set, chunk_, m, mine);
-    }
+    sums_.allreduce(v, {what, timeout}, [&](float* block, std::size_t n) {
+      if (nodes_ == 1 || n == 0) return;
+      MPI_Request r = MPI_REQUEST_NULL;  // the ranks owning this block on the other nodes:
+      MPI_Ibarrier(cross_, &r);          // timed rendezvous first, as every blocking collective
+      shm::spin_until([&] { return test(r); }, timeout, [&] { abort_timed_out(what, v.size(), timeout); });
+      MPI_Allreduce(MPI_IN_PLACE, block, static_cast<int>(n), MPI_FLOAT, MPI_SUM, cross_);
+    });
   }
-
-  struct alignas(64) Flag {
-    std::atomic<std::uint64_t> arrived{0};
-  };
-  static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "process-shared flags need lock-free atomics");
-
-  static std::atomic<unsigned>& counter() {
-    static std::atomic<unsigned> c{0};
-    return c;
-  }
-  Flag& flag(std::size_t k) noexcept { return reinterpret_cast<Flag*>(base_)[k]; }
-  float* scratch() noexcept { return reinterpret_cast<float*>(base_ + ranks_ * sizeof(Flag)); }
-  float* grad_slot(std::size_t k) noexcept {
-    return base_ ? reinterpret_cast<float*>(base_ + grads_at_) + k * grad_len_ : nullptr;
-  }
-
-  /// One node only (nodes() == 1), `v` within this rank's gradient slot: block `local` (size()
-  /// equal blocks) of `v` becomes the sum over ranks, in slot order; the rest of `v` is left as
-  /// it was. False (nothing done) when that does not apply.
+  /// One node, `v` in the gradient slot: block `rank` of `v` becomes the sum (ZeRO-1). False
+  /// (nothing done) otherwise.
   bool reduce_scatter(std::span<float> v, const char* what, std::chrono::duration<double> timeout) {
-    float* own = grad_slot(local_);
-    if (nodes_ != 1 || !grad_len_ || v.data() < own || v.data() + v.size() > own + grad_len_ || v.size() % ranks_ != 0)
-      return false;
-    timeout_ = timeout;
-    what_ = what;
-    count_ = v.size();
-    const std::size_t b = v.size() / ranks_, off = static_cast<std::size_t>(v.data() - own);
-    arrive_and_wait();
-    sum_block(grad_slot(0) + off, grad_len_, local_ * b, (local_ + 1) * b, own + off);
-    arrive_and_wait();  // every peer has read this rank's slot: it may be written again
-    return true;
+    return nodes_ == 1 && sums_.reduce_scatter(v, {what, timeout});
   }
-
-  /// One node only: every rank's block `local` (size() equal blocks) of `v` copied into every
-  /// rank's `v`, through the scratch slots. False (nothing done) when that does not apply.
+  /// One node: every rank's block `rank` of `v` into every rank's `v`. False (nothing done) otherwise.
   bool allgather(std::span<float> v, const char* what, std::chrono::duration<double> timeout) {
     if (nodes_ != 1 || v.size() % ranks_ != 0) return false;
-    timeout_ = timeout;
-    what_ = what;
-    count_ = v.size();
-    const std::size_t b = v.size() / ranks_;
-    for (std::size_t off = 0; off < b; off += chunk_) {
-      const std::size_t m = std::min(chunk_, b - off);
-      float* set = scratch() + (chunks_++ & 1) * ranks_ * chunk_;
-      std::memcpy(set + local_ * chunk_, v.data() + local_ * b + off, m * sizeof(float));
-      arrive_and_wait();  // alternate sets: the next chunk's copy-in cannot meet this one's readers
-      for (std::size_t k = 0; k < ranks_; ++k)
-        if (k != local_) std::memcpy(v.data() + k * b + off, set + k * chunk_, m * sizeof(float));
-    }
+    sums_.allgather(v, {what, timeout});
     return true;
   }
 
  private:
-  // [off, off + n) of every rank's gradient slot: no copy in; the third barrier keeps a rank
-  // from writing its slot again (next backward) while a peer still copies a block out of it.
-  void in_place(std::size_t off, std::size_t n) {
-    float* slots = grad_slot(0) + off;
-    float* own = grad_slot(local_) + off;
-    arrive_and_wait();
-    const auto [lo, hi] = block(n, local_);
-    sum_block(slots, grad_len_, lo, hi, own);
-    arrive_and_wait();
-    copy_other_blocks(slots, grad_len_, n, own);
-    arrive_and_wait();
+  static bool test(MPI_Request& r) {
+    int done = 0;
+    MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    return done != 0;
   }
-
-  /// Block k of m values: equal multiples of 16 values (64 bytes), the last one shorter.
-  std::pair<std::size_t, std::size_t> block(std::size_t m, std::size_t k) const noexcept {
-    const std::size_t b = ((m + ranks_ - 1) / ranks_ + 15) / 16 * 16;
-    return {std::min(k * b, m), std::min((k + 1) * b, m)};
-  }
-
-  // out[lo, hi) = slot 0 + slot 1 + ... (in slot order; slot k at slots + k * stride); then,
-  // across nodes, the allreduce of that block between the ranks that own it.
-  void sum_block(const float* slots, std::size_t stride, std::size_t lo, std::size_t hi, float* out) {
-    for (std::size_t i = lo; i < hi; ++i) {
-      float acc = slots[i];
-      for (std::size_t k = 1; k < ranks_; ++k) acc += slots[k * stride + i];
-      out[i] = acc;
-    }
-    if (nodes_ > 1 && hi > lo) {
-      MPI_Request r = MPI_REQUEST_NULL;  // timed rendezvous first, as every blocking collective
-      MPI_Ibarrier(cross_, &r);
-      wait_until(
-          [&] {
-            int done = 0;
-            MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-            return done != 0;
-          },
-          what_, count_, timeout_);
-      MPI_Allreduce(MPI_IN_PLACE, out + lo, static_cast<int>(hi - lo), MPI_FLOAT, MPI_SUM, cross_);
-    }
-  }
-
-  void copy_other_blocks(const float* slots, std::size_t stride, std::size_t m, float* out) noexcept {
-    for (std::size_t k = 0; k < ranks_; ++k) {
-      const auto [b, e] = block(m, k);
-      if (k != local_ && e > b) std::memcpy(out + b, slots + k * stride + b, (e - b) * sizeof(float));
-    }
-  }
-
-  // Node barrier: publish this rank's arrival count, wait until every rank's has reached it.
-  void arrive_and_wait() {
-    const std::uint64_t epoch = ++epoch_;
-    flag(local_).arrived.store(epoch, std::memory_order_release);
-    for (std::size_t k = 0; k < ranks_; ++k)
-      wait_until([&] { return flag(k).arrived.load(std::memory_order_acquire) >= epoch; }, what_, count_, timeout_);
-  }
-
-  void release() noexcept {
-    if (base_) ::munmap(base_, bytes_);
-    base_ = nullptr;
-    active_ = false;
+  static std::atomic<unsigned>& counter() {
+    static std::atomic<unsigned> c{0};
+    return c;
   }
 
   MPI_Comm node_ = MPI_COMM_NULL, cross_ = MPI_COMM_NULL;
-  std::size_t local_ = 0, ranks_ = 1, nodes_ = 1, chunk_ = 0, grad_len_ = 0, grads_at_ = 0, bytes_ = 0;
-  std::uint64_t epoch_ = 0, chunks_ = 0;
-  char* base_ = nullptr;
-  bool active_ = false;
+  std::size_t ranks_ = 1, nodes_ = 1;
+  shm::Segment segment_;
+  shm::NodeSums sums_;
   std::string problem_;
-  const char* what_ = "";
-  std::size_t count_ = 0;
-  std::chrono::duration<double> timeout_{300.0};
 };
 }  // namespace detail
 
@@ -613,7 +467,7 @@ class MpiAllReduce {
   }
   /// Completes `r`, aborting the job if it takes longer than the timeout.
   void wait(Request& r) {
-    detail::wait_until([&] { return test(r); }, r.name, r.count, timeout_);
+    shm::spin_until([&] { return test(r); }, timeout_, [&] { detail::abort_timed_out(r.name, r.count, timeout_); });
   }
 
  private:

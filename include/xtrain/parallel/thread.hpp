@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "xtrain/core/error.hpp"
+#include "xtrain/parallel/communicator.hpp"
 
 namespace xtrain::parallel {
 
@@ -75,6 +76,12 @@ class ThreadGroup {
 };
 
 class ThreadAllReduce {
+  /// rank k -> the values rank k published for the running collective.
+  template <class T>
+  auto rank_values() const noexcept {
+    return [this](std::size_t k) { return static_cast<const T*>(group_->slots()[k].data); };
+  }
+
  public:
   struct Request {};
 
@@ -124,10 +131,7 @@ class ThreadAllReduce {
     check_counts(v.size(), what);
     const std::size_t block = v.size() / size(), begin = rank_ * block;
     std::vector<float>& sum = scratch<float>(block);
-    for (std::size_t r = 0; r < size(); ++r) {
-      const float* src = static_cast<const float*>(group_->slots()[r].data) + begin;
-      for (std::size_t i = 0; i < block; ++i) sum[i] += src[i];
-    }
+    sum_in_rank_order(rank_values<float>(), size(), begin, begin + block, sum.data());
     group_->arrive_and_wait(what);  // all reads of block rank() done before it is overwritten
     std::copy(sum.begin(), sum.end(), v.begin() + static_cast<std::ptrdiff_t>(begin));
     group_->arrive_and_wait(what);
@@ -166,10 +170,7 @@ class ThreadAllReduce {
     const std::size_t n = v.size(), w = size();
     const std::size_t begin = n * rank_ / w, end = n * (rank_ + 1) / w;
     std::vector<T>& sum = scratch<T>(end - begin);
-    for (std::size_t r = 0; r < w; ++r) {
-      const T* src = static_cast<const T*>(group_->slots()[r].data);
-      for (std::size_t i = begin; i < end; ++i) sum[i - begin] += src[i];
-    }
+    sum_in_rank_order(rank_values<T>(), w, begin, end, sum.data());
     group_->arrive_and_wait(what);  // every slice read before any is written
     for (std::size_t r = 0; r < w; ++r) {
       T* dst = const_cast<T*>(static_cast<const T*>(group_->slots()[r].data));
@@ -190,7 +191,7 @@ class ThreadAllReduce {
     group_->arrive_and_wait(what);
   }
 
-  /// This rank's partial-sum buffer, zeroed, reused from call to call (no allocation per step).
+  /// This rank's partial-sum buffer, reused from call to call (no allocation per step).
   template <class T>
   std::vector<T>& scratch(std::size_t n) {
     std::vector<T>& v = [this]() -> std::vector<T>& {
@@ -199,7 +200,7 @@ class ThreadAllReduce {
       else
         return scratch_d_;
     }();
-    v.assign(n, T(0));
+    v.resize(n);
     return v;
   }
 

@@ -1,0 +1,245 @@
+#pragma once
+/// \file shared_memory.hpp
+/// Sums between the processes of one machine through a POSIX shared-memory segment: the segment
+/// (create, map, unlink), a barrier of per-process arrival counters, and the collectives that
+/// MpiAllReduce runs over it. Nothing here includes MPI: parallel/mpi.hpp finds the processes of
+/// a node, shares the segment's name, and adds the MPI step between nodes.
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <thread>
+#include <utility>
+
+#include "xtrain/parallel/communicator.hpp"
+
+namespace xtrain::parallel::shm {
+
+/// Spins until `done()`; yields after a while (an oversubscribed peer must get the core) and
+/// calls `expired()`, which must not return, once `timeout` has passed.
+template <class Done, class Expired>
+void spin_until(Done&& done, std::chrono::duration<double> timeout, Expired&& expired) {
+  const auto start = std::chrono::steady_clock::now();
+  for (std::uint64_t spins = 0;; ++spins) {
+    if (done()) return;
+    if (spins > 2000) std::this_thread::yield();
+    if ((spins & 255) == 0 && std::chrono::steady_clock::now() - start > timeout) expired();
+  }
+}
+
+/// A POSIX shared-memory segment mapped into this process; unmapped on destruction.
+class Segment {
+ public:
+  /// Creates the segment `name` of `bytes`, reserved with posix_fallocate (a full /dev/shm is an
+  /// error now, not a SIGBUS at first touch). Returns 0 or the errno.
+  static int create(const char* name, std::size_t bytes) noexcept {
+    const int fd = ::shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) return errno;
+    const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    ::close(fd);
+    return err;
+  }
+  /// Removes the name (mappings stay valid; the memory goes with the last one).
+  static void unlink(const char* name) noexcept { ::shm_unlink(name); }
+
+  Segment() = default;
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+  ~Segment() { unmap(); }
+
+  /// Maps the existing segment `name` of `bytes`. Returns 0 or the errno.
+  int map(const char* name, std::size_t bytes) noexcept {
+    unmap();
+    const int fd = ::shm_open(name, O_RDWR, 0600);
+    if (fd < 0) return errno;
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    const int err = p == MAP_FAILED ? errno : 0;
+    ::close(fd);
+    if (err == 0) {
+      data_ = static_cast<char*>(p);
+      bytes_ = bytes;
+    }
+    return err;
+  }
+  void unmap() noexcept {
+    if (data_) ::munmap(data_, bytes_);
+    data_ = nullptr;
+  }
+  char* data() const noexcept { return data_; }
+
+ private:
+  char* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+/// The collectives over a mapped segment shared by the `ranks` processes of a node (this one is
+/// `local`). Layout: one arrival counter per rank (own cache line), two sets of scratch slots
+/// (other vectors are copied through them in chunks; alternate chunks use alternate sets, so a
+/// rank may start the next while a slower one still copies out of the last), and one gradient
+/// slot per rank (the Engine trains with its gradients there: no copy in). A sum is a
+/// reduce-scatter and an allgather: rank l adds block l over the slots in rank order and
+/// publishes it, every rank copies the other blocks; every rank ends with the same bits.
+class NodeSums {
+ public:
+  /// Called when a wait runs out: names the collective and ends the job (must not return).
+  using Expired = void (*)(const char* what, std::size_t count, std::chrono::duration<double> timeout);
+  /// One collective's name (for the timeout report) and bound on its waits.
+  struct Call {
+    const char* what;
+    std::chrono::duration<double> timeout;
+  };
+
+  /// Bytes of the segment for `ranks` ranks with gradient slots of `gradients` floats.
+  static std::size_t bytes(std::size_t ranks, std::size_t gradients) noexcept { return Layout(ranks, gradients).bytes; }
+
+  NodeSums() = default;
+  /// Over a segment of bytes(ranks, gradients) at `base`, zero-filled or with this rank's
+  /// counter not yet used; every rank must construct before any rank's first collective.
+  NodeSums(char* base, std::size_t ranks, std::size_t local, std::size_t gradients, Expired expired)
+      : base_(base), ranks_(ranks), local_(local), expired_(expired), layout_(ranks, gradients) {
+    new (&flag(local_)) Flag{};
+  }
+
+  /// This rank's gradient slot (empty if none was asked for).
+  std::span<float> gradient_slot() noexcept { return {grad_slot(local_), layout_.grad_len}; }
+
+  /// In-place sum of `v` over the node's ranks; `across(block, n)` then sums this rank's block
+  /// with the other nodes (no-op on one node). Every rank passes the same size (and, within the
+  /// gradient slot, the same offset).
+  template <class Across>
+  void allreduce(std::span<float> v, Call call, Across&& across) {
+    call_ = call;
+    count_ = v.size();
+    if (const std::ptrdiff_t off = offset_in_slot(v); off >= 0) {
+      float* slots = grad_slot(0) + off;     // no copy in; the third barrier keeps a rank from
+      float* own = grad_slot(local_) + off;  // writing its slot (next backward) while a peer
+      arrive_and_wait();                     // still copies a block out of it
+      const auto [lo, hi] = block(v.size(), local_);
+      sum_block(slots, layout_.grad_len, lo, hi, own + lo);
+      across(own + lo, hi - lo);
+      arrive_and_wait();
+      copy_other_blocks(slots, layout_.grad_len, v.size(), own);
+      arrive_and_wait();
+      return;
+    }
+    const std::size_t chunk = layout_.chunk;
+    for (std::size_t off = 0; off < v.size(); off += chunk) {
+      const std::size_t m = std::min(chunk, v.size() - off);
+      float* set = next_scratch_set();
+      float* mine = v.data() + off;
+      std::memcpy(set + local_ * chunk, mine, m * sizeof(float));
+      arrive_and_wait();
+      const auto [lo, hi] = block(m, local_);
+      sum_block(set, chunk, lo, hi, mine + lo);
+      across(mine + lo, hi - lo);
+      std::memcpy(set + local_ * chunk + lo, mine + lo, (hi - lo) * sizeof(float));
+      arrive_and_wait();
+      copy_other_blocks(set, chunk, m, mine);
+    }
+  }
+
+  /// `v` within this rank's gradient slot, size a multiple of ranks: block `local` (equal
+  /// blocks) of `v` becomes the sum over the node's ranks, in rank order; the rest of `v` is left
+  /// as it was. False (nothing done) when `v` is elsewhere.
+  bool reduce_scatter(std::span<float> v, Call call) {
+    const std::ptrdiff_t off = offset_in_slot(v);
+    if (off < 0 || v.size() % ranks_ != 0) return false;
+    call_ = call;
+    count_ = v.size();
+    const std::size_t b = v.size() / ranks_;
+    arrive_and_wait();
+    sum_block(grad_slot(0) + off, layout_.grad_len, local_ * b, (local_ + 1) * b, v.data() + local_ * b);
+    arrive_and_wait();  // every peer has read this rank's slot: it may be written again
+    return true;
+  }
+
+  /// Every rank's block `local` (equal blocks; size a multiple of ranks) of `v` copied into
+  /// every rank's `v`, through the scratch slots.
+  void allgather(std::span<float> v, Call call) {
+    call_ = call;
+    count_ = v.size();
+    const std::size_t b = v.size() / ranks_, chunk = layout_.chunk;
+    for (std::size_t off = 0; off < b; off += chunk) {
+      const std::size_t m = std::min(chunk, b - off);
+      float* set = next_scratch_set();
+      std::memcpy(set + local_ * chunk, v.data() + local_ * b + off, m * sizeof(float));
+      arrive_and_wait();  // alternate sets: the next chunk's copy-in cannot meet this one's readers
+      for (std::size_t k = 0; k < ranks_; ++k)
+        if (k != local_) std::memcpy(v.data() + k * b + off, set + k * chunk, m * sizeof(float));
+    }
+  }
+
+ private:
+  struct alignas(64) Flag {
+    std::atomic<std::uint64_t> arrived{0};
+  };
+  static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "process-shared flags need lock-free atomics");
+
+  struct Layout {
+    Layout() = default;
+    Layout(std::size_t ranks, std::size_t gradients)
+        : chunk(std::max<std::size_t>(16384, (std::size_t{1} << 20) / ranks) / 64 * 64),  // 4 MB per set
+          grad_len((gradients + 15) / 16 * 16),
+          grads_at(ranks * sizeof(Flag) + 2 * ranks * chunk * sizeof(float)),
+          bytes(grads_at + ranks * grad_len * sizeof(float)) {}
+    std::size_t chunk = 0, grad_len = 0, grads_at = 0, bytes = 0;
+  };
+
+  Flag& flag(std::size_t k) noexcept { return reinterpret_cast<Flag*>(base_)[k]; }
+  float* next_scratch_set() noexcept {
+    return reinterpret_cast<float*>(base_ + ranks_ * sizeof(Flag)) + (chunks_++ & 1) * ranks_ * layout_.chunk;
+  }
+  float* grad_slot(std::size_t k) noexcept {
+    return reinterpret_cast<float*>(base_ + layout_.grads_at) + k * layout_.grad_len;
+  }
+  // Position of `v` in this rank's gradient slot, -1 if it is not inside it.
+  std::ptrdiff_t offset_in_slot(std::span<float> v) noexcept {
+    const float* own = grad_slot(local_);
+    return layout_.grad_len && v.data() >= own && v.data() + v.size() <= own + layout_.grad_len ? v.data() - own : -1;
+  }
+
+  /// Block k of m values: equal multiples of 16 values (64 bytes), the last one shorter.
+  std::pair<std::size_t, std::size_t> block(std::size_t m, std::size_t k) const noexcept {
+    const std::size_t b = ((m + ranks_ - 1) / ranks_ + 15) / 16 * 16;
+    return {std::min(k * b, m), std::min((k + 1) * b, m)};
+  }
+
+  // out[0, hi - lo) = elements [lo, hi) of slot 0 + slot 1 + ... (slot k at slots + k * stride)
+  void sum_block(const float* slots, std::size_t stride, std::size_t lo, std::size_t hi, float* out) noexcept {
+    sum_in_rank_order([&](std::size_t k) { return slots + k * stride; }, ranks_, lo, hi, out);
+  }
+
+  void copy_other_blocks(const float* slots, std::size_t stride, std::size_t m, float* out) noexcept {
+    for (std::size_t k = 0; k < ranks_; ++k) {
+      const auto [b, e] = block(m, k);
+      if (k != local_ && e > b) std::memcpy(out + b, slots + k * stride + b, (e - b) * sizeof(float));
+    }
+  }
+
+  // Node barrier: publish this rank's arrival count, wait until every rank's has reached it.
+  void arrive_and_wait() {
+    const std::uint64_t epoch = ++epoch_;
+    flag(local_).arrived.store(epoch, std::memory_order_release);
+    for (std::size_t k = 0; k < ranks_; ++k)
+      spin_until([&] { return flag(k).arrived.load(std::memory_order_acquire) >= epoch; }, call_.timeout,
+                 [&] { expired_(call_.what, count_, call_.timeout); });
+  }
+
+  char* base_ = nullptr;
+  std::size_t ranks_ = 1, local_ = 0, count_ = 0;
+  Expired expired_ = nullptr;
+  Layout layout_;
+  std::uint64_t epoch_ = 0, chunks_ = 0;
+  Call call_{"", std::chrono::seconds(300)};
+};
+
+}  // namespace xtrain::parallel::shm
