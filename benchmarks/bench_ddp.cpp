@@ -59,7 +59,8 @@ int run(Model model, const Setup& s) {
   const double per_step = totals[0] / ranks / n;
   if (c.rank() == 0)
     std::printf(
-        "xtrain model=%s%s precision=%s gradients=%s sums=%s processes=%zu batch/process=%zu buckets=%zu: %.0f "
+        "xtrain model=%s%s precision=%s gradients=%s sums=%s optimizer=%s processes=%zu batch/process=%zu "
+        "buckets=%zu: %.0f "
         "samples/s "
         "(%.3f ms/step; communication %.3f ms/step waiting, %.3f ms/step overlapped with backward)\n",
         s.model.c_str(), s.deterministic ? (" deterministic(" + std::to_string(s.deterministic) + ")").c_str() : "",
@@ -67,8 +68,9 @@ int run(Model model, const Setup& s) {
         c.size() == 1             ? "none"
         : c.shared_memory_ranks() ? "shared-memory"
                                   : "mpi",
-        c.size(), s.batch, trainer.bucket_count(), static_cast<double>(s.batch) * ranks / per_step, 1e3 * per_step,
-        1e3 * totals[1] / ranks / n, 1e3 * totals[2] / ranks / n);
+        s.shard && c.size() > 1 ? "sharded" : "full", c.size(), s.batch, trainer.bucket_count(),
+        static_cast<double>(s.batch) * ranks / per_step, 1e3 * per_step, 1e3 * totals[1] / ranks / n,
+        1e3 * totals[2] / ranks / n);
   return 0;
 }
 

@@ -27,7 +27,7 @@ struct Flags {
   float lr = 1e-3f;
   std::uint64_t seed = 42;
   std::size_t global_batch = 0, accumulate = 1;
-  bool scale_lr = false, sync_bn = false;
+  bool scale_lr = false, sync_bn = false, shard_optimizer = false;
   double clip_norm = 0.0;
   std::string project_dir, resume, export_path;
   std::size_t checkpoint_every_steps = 0, total_limit = 0;
@@ -37,7 +37,7 @@ struct Flags {
 constexpr const char* usage =
     "usage: [mpirun -np P] fashion_mnist_mlp [--data DIR] [--epochs N] [--batch N | --global-batch N]\n"
     "           [--hidden N] [--activation relu|tanh|sigmoid|gelu|gelu_tanh|silu] [--lr X] [--seed N]\n"
-    "           [--scale-lr] [--sync-bn] [--accumulate K] [--clip-norm X]\n"
+    "           [--scale-lr] [--sync-bn] [--accumulate K] [--clip-norm X] [--shard-optimizer]\n"
     "           [--project-dir DIR [--checkpoint-every-steps K] [--total-limit L]] [--resume latest|DIR]\n"
     "           [--export FILE.safetensors] [--precision fp32|bf16|fp16] [--compress-grads bf16|fp16]\n"
     "  --data DIR        Fashion-MNIST IDX folder, or a folder with train_x.npy, train_y.npy,\n"
@@ -53,6 +53,8 @@ constexpr const char* usage =
     "  --sync-bn         BatchNorm statistics over all processes (SyncBatchNorm)\n"
     "  --accumulate K    micro-batches per optimizer step (default 1)\n"
     "  --clip-norm X     clip the global gradient norm to X (default off)\n"
+    "  --shard-optimizer each process steps 1/P of the parameters and keeps 1/P of Adam's state\n"
+    "                    (ZeRO stage 1; the same training)\n"
     "  --project-dir DIR save a checkpoint each epoch in DIR/checkpoints/checkpoint_N\n"
     "  --checkpoint-every-steps K   also every K optimizer steps\n"
     "  --total-limit L   keep only the newest L checkpoints\n"
@@ -83,8 +85,8 @@ Flags parse(int argc, char** argv) {
       std::fputs(usage, stdout);
       std::exit(0);
     }
-    if (arg == "--scale-lr" || arg == "--sync-bn") {
-      (arg == "--scale-lr" ? f.scale_lr : f.sync_bn) = true;
+    if (arg == "--scale-lr" || arg == "--sync-bn" || arg == "--shard-optimizer") {
+      (arg == "--scale-lr" ? f.scale_lr : arg == "--sync-bn" ? f.sync_bn : f.shard_optimizer) = true;
       continue;
     }
     if (i + 1 >= argc) fail_usage(std::string("unknown or incomplete option '") + argv[i] + "'");
@@ -183,6 +185,7 @@ int run_training(const Flags& flags) {
                            .scale_lr(flags.scale_lr)
                            .accumulate(flags.accumulate)
                            .clip_grad_norm(flags.clip_norm)
+                           .shard_optimizer(flags.shard_optimizer)
                            .project_dir(flags.project_dir)
                            .total_limit(flags.total_limit);
   if (main_process) {

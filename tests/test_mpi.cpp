@@ -283,26 +283,54 @@ TEST_CASE("MPI: float sums through shared memory are exact, within a node and ac
   }
 }
 
+namespace {
+/// Parameters after one epoch of 1600 samples (global batch 64) with `comm` (whose segment use
+/// must be `expect_shared`); the arena's padding (sharded) must be zero and is dropped.
+std::vector<float> train_with(MpiAllReduce comm, TrainerOptions options, bool expect_shared) {
+  static const auto data = head(fashion().train, 1600);
+  MlpTrainer t{mlp(), optim::Adam{}.lr(2e-3f), options.epochs(1).global_batch_size(64).verbose(false), std::move(comm)};
+  // The Engine moved its gradients (sharded: and parameters) into the segment when it was built.
+  REQUIRE((t.communicator().shared_memory_ranks() > 0) == expect_shared);
+  t.fit(data, head(fashion().test, 500));
+  const auto values = t.params().values();
+  const std::size_t natural = t.params().natural_size();
+  for (std::size_t i = natural; i < values.size(); ++i) REQUIRE(values[i] == 0.0f);
+  return std::vector<float>(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(natural));
+}
+void require_same_on_every_rank(const std::vector<float>& params) {
+  std::vector<float> root = params;
+  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  REQUIRE(params == root);
+}
+MpiAllReduce with_shared_memory(bool on, int ranks_per_node = 0) {
+  MpiAllReduce comm;
+  comm.shared_memory(on).ranks_per_node(ranks_per_node);
+  return comm;
+}
+}  // namespace
+
 TEST_CASE("MPI: training with gradients in shared memory equals training over MPI_Allreduce", "[mpi]") {
   // 2 ranks sum a + b either way: bitwise equal. 4 ranks: MPI's tree may add in another order.
-  auto train = [](MpiAllReduce comm, bool expect_shared) {
-    static const auto data = head(fashion().train, 1600);
-    MlpTrainer t{mlp(), optim::Adam{}.lr(2e-3f), TrainerOptions{}.epochs(1).global_batch_size(64).verbose(false),
-                 std::move(comm)};
-    // The Engine moved its gradients into the segment when it was built.
-    REQUIRE((t.communicator().shared_memory_ranks() > 0) == expect_shared);
-    t.fit(data, head(fashion().test, 500));
-    return std::vector<float>(t.params().values().begin(), t.params().values().end());
-  };
-  MpiAllReduce on, off;
-  on.shared_memory(true);
-  off.shared_memory(false);
-  const auto shared = train(std::move(on), true), plain = train(std::move(off), false);
+  const auto shared = train_with(with_shared_memory(true), TrainerOptions{}, true);
+  const auto plain = train_with(with_shared_memory(false), TrainerOptions{}, false);
   if (world_size() == 2)
     REQUIRE(shared == plain);
   else
     REQUIRE(max_abs_diff(shared, plain) < 1e-5f);
-  std::vector<float> root = shared;  // and every rank holds the same parameters
-  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
-  REQUIRE(shared == root);
+  require_same_on_every_rank(shared);
+}
+
+TEST_CASE("MPI: the sharded step through shared memory equals the unsharded one", "[mpi]") {
+  const auto plain = train_with(with_shared_memory(true), TrainerOptions{}, true);
+  SECTION("one node: parameters all-gathered in place from the peers' slots") {
+    // Both sum in rank order in the segment and Adam is elementwise: bitwise on any rank count.
+    const auto sharded = train_with(with_shared_memory(true), TrainerOptions{}.shard_optimizer(true), true);
+    REQUIRE(sharded == plain);
+    require_same_on_every_rank(sharded);
+  }
+  SECTION("nodes of 2 ranks: the sharded step takes MPI, with the parameters still in the segment") {
+    const auto sharded = train_with(with_shared_memory(true, 2), TrainerOptions{}.shard_optimizer(true), true);
+    REQUIRE(max_abs_diff(sharded, plain) < 1e-5f);
+    require_same_on_every_rank(sharded);
+  }
 }

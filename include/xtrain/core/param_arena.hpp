@@ -65,6 +65,7 @@ class ParamArena {
     total = (total + multiple - 1) / multiple * multiple;
     values_.assign(total, 0.0f);
     grads_.assign(total, 0.0f);
+    value_view_ = {values_.data(), values_.size()};
     grad_view_ = {grads_.data(), grads_.size()};
     rebind(model);
     zero_grad();
@@ -75,21 +76,20 @@ class ParamArena {
   /// copied, each Param's gradient view rebound, the arena's own gradient buffer released.
   template <class Model>
   void move_gradients_to(Model& model, std::span<float> storage) {
-    XTRAIN_CHECK(storage.size() >= size(), ValueError, "ParamArena: gradient storage of ", storage.size(),
-                 " floats for ", size(), " gradients");
-    std::copy(grad_view_.begin(), grad_view_.end(), storage.begin());
-    std::fill(storage.begin() + static_cast<std::ptrdiff_t>(size()), storage.end(), 0.0f);
-    grad_view_ = storage.first(size());
-    rebind(model);
-    AlignedVector().swap(grads_);
+    move_to(model, grad_view_, grads_, storage, "gradient");
+  }
+  /// The same for the parameter values (the sharded optimizer's all-gather reads them in place).
+  template <class Model>
+  void move_values_to(Model& model, std::span<float> storage) {
+    move_to(model, value_view_, values_, storage, "parameter");
   }
 
-  std::span<float> values() noexcept { return {values_.data(), values_.size()}; }
-  std::span<const float> values() const noexcept { return {values_.data(), values_.size()}; }
+  std::span<float> values() noexcept { return value_view_; }
+  std::span<const float> values() const noexcept { return value_view_; }
   std::span<float> grads() noexcept { return grad_view_; }
   std::span<const float> grads() const noexcept { return grad_view_; }
   /// Length of the flat buffers (parameters plus alignment padding, which stays zero).
-  std::size_t size() const noexcept { return values_.size(); }
+  std::size_t size() const noexcept { return value_view_.size(); }
   /// The length without the `multiple` rounding of adopt(): the layout checkpoints use, the same
   /// on any number of ranks.
   std::size_t natural_size() const noexcept { return natural_size_; }
@@ -107,7 +107,7 @@ class ParamArena {
     XTRAIN_CHECK(it != entries_.end(), ValueError, "ParamArena: no parameter named '", name, "'");
     return *it;
   }
-  std::span<float> values(const ParamEntry& e) noexcept { return {values_.data() + e.offset, e.size}; }
+  std::span<float> values(const ParamEntry& e) noexcept { return value_view_.subspan(e.offset, e.size); }
   std::span<float> grads(const ParamEntry& e) noexcept { return grad_view_.subspan(e.offset, e.size); }
 
   void zero_grad() noexcept { std::fill(grad_view_.begin(), grad_view_.end(), 0.0f); }
@@ -117,13 +117,25 @@ class ParamArena {
   void rebind(Model& model) {
     std::size_t i = 0;
     model.visit_params(std::string{}, [&](const std::string&, Param& p) {
-      p.rebind(values_.data() + entries_[i].offset, grad_view_.data() + entries_[i].offset);
+      p.rebind(value_view_.data() + entries_[i].offset, grad_view_.data() + entries_[i].offset);
       ++i;
     });
   }
+  // Copies `view` into `storage` (zero padding after it), points `view` and every Param there,
+  // releases `own`.
+  template <class Model>
+  void move_to(Model& model, std::span<float>& view, AlignedVector& own, std::span<float> storage, const char* what) {
+    XTRAIN_CHECK(storage.size() >= size(), ValueError, "ParamArena: ", what, " storage of ", storage.size(),
+                 " floats for ", size(), " values");
+    std::copy(view.begin(), view.end(), storage.begin());
+    std::fill(storage.begin() + static_cast<std::ptrdiff_t>(size()), storage.end(), 0.0f);
+    view = storage.first(size());
+    rebind(model);
+    AlignedVector().swap(own);
+  }
 
   AlignedVector values_, grads_;
-  std::span<float> grad_view_;  // grads_, or storage given to move_gradients_to
+  std::span<float> value_view_, grad_view_;  // values_, grads_, or storage given to move_*_to
   std::size_t natural_size_ = 0;
   std::vector<ParamEntry> entries_;
 };

@@ -109,6 +109,13 @@ class GradientBuckets {
 
   const CommStats& stats() const noexcept { return stats_; }
   void reset_stats() noexcept { stats_ = {}; }
+  /// Counts `collectives` blocking reductions made outside the buckets (the sharded step's
+  /// reduce-scatter and all-gather) that took `seconds`, as waiting time of one step.
+  void count_blocking(double seconds, std::size_t collectives) noexcept {
+    stats_.waiting_seconds += seconds;
+    stats_.collectives += collectives;
+    ++stats_.steps;
+  }
 
  private:
   static bool compressed(C& comm) {

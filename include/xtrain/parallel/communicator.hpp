@@ -50,6 +50,19 @@ concept CompressesGradients = requires(C& c, std::span<float> f) {
   c.allreduce_gradients(f, "name");
 };
 
+/// Buffers a communicator provides in memory its peers read (MpiAllReduce's node segment): the
+/// Engine moves its gradients (and, sharded, its parameters) there so that collectives read them
+/// in place. An empty span: keep the arena's own buffer.
+struct NodeStorage {
+  std::span<float> gradients, parameters;
+};
+
+/// Optional: a communicator that offers such buffers (`node_storage(n, parameters)`, collective).
+template <class C>
+concept ProvidesNodeStorage = requires(C& c, std::size_t n, bool p) {
+  { c.node_storage(n, p) } -> std::same_as<NodeStorage>;
+};
+
 /// Communicator: rank()/size(); in-place sums over ranks of float and double spans; broadcast
 /// from rank 0 (spans and a string); allgather of equal-sized float blocks; barrier; and a
 /// non-blocking float sum (`iallreduce_sum` -> Request, `test`, `wait`) for gradient buckets;

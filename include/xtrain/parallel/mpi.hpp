@@ -120,11 +120,12 @@ namespace detail {
 class NodeReducer {
  public:
   /// Collective over `comm`; `ranks_per_node` > 0 groups consecutive ranks (to exercise the
-  /// multi-node path on one machine), 0 uses MPI's shared-memory node; `gradients`: length of
-  /// each rank's gradient slot (0: none). active() is false (and the caller uses plain MPI) when
-  /// a node holds one rank, nodes hold different numbers of ranks, or the segment cannot be
-  /// created (then `problem()` says why); every rank reaches the same verdict.
-  NodeReducer(MPI_Comm comm, int ranks_per_node, std::size_t gradients) {
+  /// multi-node path on one machine), 0 uses MPI's shared-memory node; `gradients`,
+  /// `parameters`: length of each rank's gradient and parameter slots (0: none). active() is
+  /// false (and the caller uses plain MPI) when a node holds one rank, nodes hold different
+  /// numbers of ranks, or the segment cannot be created (then `problem()` says why); every rank
+  /// reaches the same verdict.
+  NodeReducer(MPI_Comm comm, int ranks_per_node, std::size_t gradients, std::size_t parameters) {
     int rank = 0, local = 0, local_size = 0, nodes = 0;
     MPI_Comm_rank(comm, &rank);
     if (ranks_per_node > 0)
@@ -144,7 +145,7 @@ class NodeReducer {
       problem_ = "the nodes run different numbers of ranks (launch as many on each)";
       return;
     }
-    const std::size_t bytes = shm::NodeSums::bytes(ranks_, gradients);
+    const std::size_t bytes = shm::NodeSums::bytes(ranks_, gradients, parameters);
     char name[64] = {};
     int err = 0;  // node rank 0's creation, then any rank's mapping
     if (local == 0) {
@@ -163,7 +164,8 @@ class NodeReducer {
       segment_.unmap();
       return;
     }
-    sums_ = shm::NodeSums(segment_.data(), ranks_, static_cast<std::size_t>(local), gradients, &abort_timed_out);
+    sums_ = shm::NodeSums(segment_.data(), ranks_, static_cast<std::size_t>(local), gradients, parameters,
+                          &abort_timed_out);
     MPI_Barrier(node_);
   }
   NodeReducer(const NodeReducer&) = delete;
@@ -183,6 +185,8 @@ class NodeReducer {
   std::size_t ranks_per_node() const noexcept { return ranks_; }
   /// This rank's gradient buffer in the segment (empty when inactive or no gradients asked for).
   std::span<float> gradient_slot() noexcept { return active() ? sums_.gradient_slot() : std::span<float>{}; }
+  /// This rank's parameter buffer in the segment (empty when inactive or none asked for).
+  std::span<float> parameter_slot() noexcept { return active() ? sums_.parameter_slot() : std::span<float>{}; }
 
   /// In-place sum of `v` over all ranks. Collective; every rank passes the same size. A wait
   /// longer than `timeout` aborts the job, naming `what`.
@@ -343,16 +347,18 @@ class MpiAllReduce {
     return *this;
   }
 
-  /// Collective: a buffer of `n` floats for this rank's gradients in the node's shared-memory
-  /// segment, so that the reduction reads the peers' gradients where backward wrote them (the
-  /// Engine moves its gradients there). Empty when shared memory is off or not possible. A later
-  /// call replaces the segment: spans from an earlier call are then invalid.
-  std::span<float> gradient_storage(std::size_t n) {
+  /// Collective: buffers of `n` floats for this rank's gradients and, when `parameters` (the
+  /// sharded optimizer), its parameters in the node's shared-memory segment, so that the
+  /// reduction reads the peers' gradients where backward wrote them and the parameter all-gather
+  /// reads their stepped blocks where the optimizer wrote them (the Engine moves its buffers
+  /// there). Empty spans when shared memory is off or not possible. A later call replaces the
+  /// segment: spans from an earlier call are then invalid.
+  NodeStorage node_storage(std::size_t n, bool parameters) {
     if (!shared_memory_ || size_ == 1) return {};
-    enter("gradient_storage", "gradient storage", n);
-    make_node_reducer(n);
+    enter("node_storage", "node storage", n);
+    make_node_reducer(n, parameters ? n : 0);
     node_tried_ = true;
-    return node_->gradient_slot();
+    return {node_->gradient_slot(), node_->parameter_slot()};
   }
   /// Ranks per node summing through shared memory: 0 until the first float allreduce, and when
   /// off or not possible (one rank per node, nodes with different rank counts, no /dev/shm).
@@ -498,14 +504,14 @@ class MpiAllReduce {
   detail::NodeReducer* node_reducer(const char* what, std::size_t n) {
     if (!node_tried_ && shared_memory_ && size_ > 1) {
       enter("allreduce_sum(float)", what, n);
-      make_node_reducer(0);
+      make_node_reducer(0, 0);
     }
     node_tried_ = true;
     return node_ && node_->active() ? node_.get() : nullptr;
   }
-  void make_node_reducer(std::size_t gradients) {
+  void make_node_reducer(std::size_t gradients, std::size_t parameters) {
     node_.reset();
-    node_ = std::make_unique<detail::NodeReducer>(comm_, ranks_per_node_, gradients);
+    node_ = std::make_unique<detail::NodeReducer>(comm_, ranks_per_node_, gradients, parameters);
     if (!node_->problem().empty() && rank_ == 0)
       std::fprintf(stderr,
                    "xtrain: warning: gradients are summed with MPI_Allreduce, not through shared memory: %s. "

@@ -84,10 +84,11 @@ class Segment {
 /// The collectives over a mapped segment shared by the `ranks` processes of a node (this one is
 /// `local`). Layout: one arrival counter per rank (own cache line), two sets of scratch slots
 /// (other vectors are copied through them in chunks; alternate chunks use alternate sets, so a
-/// rank may start the next while a slower one still copies out of the last), and one gradient
-/// slot per rank (the Engine trains with its gradients there: no copy in). A sum is a
-/// reduce-scatter and an allgather: rank l adds block l over the slots in rank order and
-/// publishes it, every rank copies the other blocks; every rank ends with the same bits.
+/// rank may start the next while a slower one still copies out of the last), one gradient slot
+/// per rank (the Engine trains with its gradients there: no copy in) and, for the sharded
+/// optimizer, one parameter slot per rank (the all-gather of the stepped blocks reads them in
+/// place). A sum is a reduce-scatter and an allgather: rank l adds block l over the slots in rank
+/// order and publishes it, every rank copies the other blocks; every rank ends with the same bits.
 class NodeSums {
  public:
   /// Called when a wait runs out: names the collective and ends the job (must not return).
@@ -98,19 +99,25 @@ class NodeSums {
     std::chrono::duration<double> timeout;
   };
 
-  /// Bytes of the segment for `ranks` ranks with gradient slots of `gradients` floats.
-  static std::size_t bytes(std::size_t ranks, std::size_t gradients) noexcept { return Layout(ranks, gradients).bytes; }
+  /// Bytes of the segment for `ranks` ranks with gradient slots of `gradients` floats and
+  /// parameter slots of `parameters` floats (0: none).
+  static std::size_t bytes(std::size_t ranks, std::size_t gradients, std::size_t parameters) noexcept {
+    return Layout(ranks, gradients, parameters).bytes;
+  }
 
   NodeSums() = default;
-  /// Over a segment of bytes(ranks, gradients) at `base`, zero-filled or with this rank's
-  /// counter not yet used; every rank must construct before any rank's first collective.
-  NodeSums(char* base, std::size_t ranks, std::size_t local, std::size_t gradients, Expired expired)
-      : base_(base), ranks_(ranks), local_(local), expired_(expired), layout_(ranks, gradients) {
+  /// Over a segment of bytes(ranks, gradients, parameters) at `base`, zero-filled or with this
+  /// rank's counter not yet used; every rank must construct before any rank's first collective.
+  NodeSums(char* base, std::size_t ranks, std::size_t local, std::size_t gradients, std::size_t parameters,
+           Expired expired)
+      : base_(base), ranks_(ranks), local_(local), expired_(expired), layout_(ranks, gradients, parameters) {
     new (&flag(local_)) Flag{};
   }
 
   /// This rank's gradient slot (empty if none was asked for).
   std::span<float> gradient_slot() noexcept { return {grad_slot(local_), layout_.grad_len}; }
+  /// This rank's parameter slot (empty if none was asked for).
+  std::span<float> parameter_slot() noexcept { return {param_slot(local_), layout_.param_len}; }
 
   /// In-place sum of `v` over the node's ranks; `across(block, n)` then sums this rank's block
   /// with the other nodes (no-op on one node). Every rank passes the same size (and, within the
@@ -163,11 +170,19 @@ class NodeSums {
   }
 
   /// Every rank's block `local` (equal blocks; size a multiple of ranks) of `v` copied into
-  /// every rank's `v`, through the scratch slots.
+  /// every rank's `v`: read in place from the peers' parameter slots when `v` is in this rank's
+  /// (every rank passes the same offset), else through the scratch slots.
   void allgather(std::span<float> v, Call call) {
     call_ = call;
     count_ = v.size();
     const std::size_t b = v.size() / ranks_, chunk = layout_.chunk;
+    if (const std::ptrdiff_t off = offset_in(v, param_slot(local_), layout_.param_len); off >= 0) {
+      arrive_and_wait();  // every rank has written its block
+      for (std::size_t k = 0; k < ranks_; ++k)
+        if (k != local_) std::memcpy(v.data() + k * b, param_slot(k) + off + k * b, b * sizeof(float));
+      arrive_and_wait();  // every peer has read this rank's block: it may be written again
+      return;
+    }
     for (std::size_t off = 0; off < b; off += chunk) {
       const std::size_t m = std::min(chunk, b - off);
       float* set = next_scratch_set();
@@ -186,12 +201,14 @@ class NodeSums {
 
   struct Layout {
     Layout() = default;
-    Layout(std::size_t ranks, std::size_t gradients)
+    Layout(std::size_t ranks, std::size_t gradients, std::size_t parameters)
         : chunk(std::max<std::size_t>(16384, (std::size_t{1} << 20) / ranks) / 64 * 64),  // 4 MB per set
           grad_len((gradients + 15) / 16 * 16),
+          param_len((parameters + 15) / 16 * 16),
           grads_at(ranks * sizeof(Flag) + 2 * ranks * chunk * sizeof(float)),
-          bytes(grads_at + ranks * grad_len * sizeof(float)) {}
-    std::size_t chunk = 0, grad_len = 0, grads_at = 0, bytes = 0;
+          params_at(grads_at + ranks * grad_len * sizeof(float)),
+          bytes(params_at + ranks * param_len * sizeof(float)) {}
+    std::size_t chunk = 0, grad_len = 0, param_len = 0, grads_at = 0, params_at = 0, bytes = 0;
   };
 
   Flag& flag(std::size_t k) noexcept { return reinterpret_cast<Flag*>(base_)[k]; }
@@ -201,10 +218,15 @@ class NodeSums {
   float* grad_slot(std::size_t k) noexcept {
     return reinterpret_cast<float*>(base_ + layout_.grads_at) + k * layout_.grad_len;
   }
-  // Position of `v` in this rank's gradient slot, -1 if it is not inside it.
+  float* param_slot(std::size_t k) noexcept {
+    return reinterpret_cast<float*>(base_ + layout_.params_at) + k * layout_.param_len;
+  }
+  // Position of `v` in the slot of `len` floats at `slot`, -1 if it is not inside it.
+  static std::ptrdiff_t offset_in(std::span<float> v, const float* slot, std::size_t len) noexcept {
+    return len && v.data() >= slot && v.data() + v.size() <= slot + len ? v.data() - slot : -1;
+  }
   std::ptrdiff_t offset_in_slot(std::span<float> v) noexcept {
-    const float* own = grad_slot(local_);
-    return layout_.grad_len && v.data() >= own && v.data() + v.size() <= own + layout_.grad_len ? v.data() - own : -1;
+    return offset_in(v, grad_slot(local_), layout_.grad_len);
   }
 
   /// Block k of m values: equal multiples of 16 values (64 bytes), the last one shorter.

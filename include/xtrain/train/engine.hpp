@@ -5,6 +5,7 @@
 /// micro-step at a time (forward, loss, backward with bucketed non-blocking allreduce, and on the
 /// last micro-step of an accumulation window: wait, clip, optimizer step).
 
+#include <chrono>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -74,13 +75,14 @@ class Engine {
                  "shard_optimizer and the deterministic reduction cannot be combined");
     synchronize();
     // A communicator that sums through shared memory gets the gradients written where it reads
-    // them (the bucketed and sharded paths; the deterministic one reduces chunk sums elsewhere).
-    if constexpr (requires(Communicator & c) {
-                    { c.gradient_storage(std::size_t{}) } -> std::same_as<std::span<float>>;
-                  }) {
-      if (comm_.size() > 1 && !options_.deterministic_chunk)
-        if (const std::span<float> s = comm_.gradient_storage(arena_.size()); !s.empty())
-          arena_.move_gradients_to(model_, s);
+    // them (the bucketed and sharded paths; the deterministic one reduces chunk sums elsewhere),
+    // and, sharded, the parameters the all-gather reads.
+    if constexpr (parallel::ProvidesNodeStorage<Communicator>) {
+      if (comm_.size() > 1 && !options_.deterministic_chunk) {
+        const parallel::NodeStorage s = comm_.node_storage(arena_.size(), shard_);
+        if (!s.gradients.empty()) arena_.move_gradients_to(model_, s.gradients);
+        if (!s.parameters.empty()) arena_.move_values_to(model_, s.parameters);
+      }
     }
   }
 
@@ -351,13 +353,18 @@ class Engine {
   // the global norm, step this rank's block of parameters with its block of optimizer state,
   // all-gather the parameters. Each rank does 1/N of the optimizer's work and holds 1/N of its state.
   bool sharded_step(float lr) {
+    auto start = std::chrono::steady_clock::now();
     comm_.reduce_scatter_sum(arena_.grads(), "gradient reduce-scatter");
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     auto grads = arena_.grads().subspan(offset(), block_);
     if constexpr (PrecisionPolicy::uses_loss_scaling) {  // each rank checks its block; all must agree
       double bad = scaler_.unscale_and_check(grads) ? 1.0 : 0.0;
       comm_.allreduce_sum(std::span<double>(&bad, 1), "gradient overflow check");
       scaler_.update(bad > 0.0);
-      if (bad > 0.0) return false;
+      if (bad > 0.0) {
+        buckets_.count_blocking(waited, 1);
+        return false;
+      }
     }
     if (options_.clip_norm > 0) {
       double sq = 0.0;
@@ -369,7 +376,10 @@ class Engine {
     }
     if (options_.clip_value > 0) optim::clip_grad_value(grads, options_.clip_value);
     optimizer_.step(arena_.values().subspan(offset(), block_), grads, state_, StepInfo{lr, optimizer_steps()});
+    start = std::chrono::steady_clock::now();
     comm_.allgather_blocks(arena_.values(), "parameter all-gather");
+    waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    buckets_.count_blocking(waited, 2);
     return true;
   }
 
