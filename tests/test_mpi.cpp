@@ -328,7 +328,7 @@ TEST_CASE("MPI: the sharded step through shared memory equals the unsharded one"
     REQUIRE(sharded == plain);
     require_same_on_every_rank(sharded);
   }
-  SECTION("nodes of 2 ranks: the sharded step takes MPI, with the parameters still in the segment") {
+  SECTION("nodes of 2 ranks: on 4 ranks the sharded step takes MPI, with the parameters still in the segment") {
     const auto sharded = train_with(with_shared_memory(true, 2), TrainerOptions{}.shard_optimizer(true), true);
     REQUIRE(max_abs_diff(sharded, plain) < 1e-5f);
     require_same_on_every_rank(sharded);
