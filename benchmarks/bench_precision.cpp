@@ -36,8 +36,8 @@ std::vector<T> random_values(std::size_t n, float scale, std::uint64_t seed) {
 }
 
 template <class T>
-xtrain::Batch<T> random_batch(std::size_t rows, std::size_t cols, float scale, std::uint64_t seed) {
-  xtrain::Batch<T> b({rows, cols});
+xtrain::Tensor<T> random_batch(std::size_t rows, std::size_t cols, float scale, std::uint64_t seed) {
+  xtrain::Tensor<T> b({rows, cols});
   const auto v = random_values<T>(rows * cols, scale, seed);
   std::copy(v.begin(), v.end(), b.data());
   return b;

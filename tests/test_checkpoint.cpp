@@ -205,7 +205,7 @@ TEST_CASE("Bad checkpoint files get specific errors", "[checkpoint][errors]") {
   std::string version = good;
   version[8] = 9;
   write(version);
-  expect("format version 9, this build of xtrain reads version 2");
+  expect("format version 9, this build of xtrain reads version 3");
   std::string order = good;
   std::swap(order[12], order[15]);
   write(order);

@@ -151,8 +151,7 @@ TEST_CASE("ParamArena: one flat buffer, aligned slices, layers view it", "[arena
   set_seed(1);
   auto model = layers::Sequential{layers::Linear{5, 3}, layers::BatchNorm1d{3}, layers::ReLU{}, layers::Linear{3, 2}};
   std::vector<float> before;
-  model.visit_params(
-      "", [&](const std::string&, Param& p) { before.insert(before.end(), p.values().begin(), p.values().end()); });
+  visit_parameters(model, [&](const std::string&, Param& p, ParamKind) { before.insert(before.end(), p.values().begin(), p.values().end()); });
   ParamArena arena(model);
   REQUIRE(arena.entries().size() == 6);
   REQUIRE(arena.parameter_count() == 5 * 3 + 3 + 3 + 3 + 3 * 2 + 2);

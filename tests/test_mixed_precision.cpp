@@ -31,20 +31,19 @@ std::pair<std::vector<float>, std::vector<float>> logits_and_grads() {
   auto model = gelu_model();
   const auto& d = fashion().train;
   const std::size_t n = 64;
-  Batch<T> x({n, 784});
+  Tensor<T> x({n, 784});
   for (std::size_t i = 0; i < x.size(); ++i) x.data()[i] = kernels::narrow<T>(d.features().data()[i]);
   Context ctx;
   ctx.input_grad = false;
-  const Batch<T>& out = model.forward(ctx, x);
+  const Tensor<T>& out = model.forward(ctx, x);
   std::vector<float> logits(out.size());
   kernels::to_float(out.data(), logits.data(), out.size());
-  Batch<T> dy({n, 10});
+  Tensor<T> dy({n, 10});
   for (std::size_t i = 0; i < dy.size(); ++i)
     dy.data()[i] = kernels::narrow<T>(std::sin(0.37f * static_cast<float>(i)) / static_cast<float>(n));
   model.backward(ctx, dy);
   std::vector<float> grads;
-  model.visit_params(
-      "", [&](const std::string&, Param& p) { grads.insert(grads.end(), p.grads().begin(), p.grads().end()); });
+  visit_parameters(model, [&](const std::string&, Param& p, ParamKind) { grads.insert(grads.end(), p.grads().begin(), p.grads().end()); });
   return {logits, grads};
 }
 
@@ -128,7 +127,7 @@ TEST_CASE("an fp16 overflow skips the optimizer and the schedule and halves the 
       TrainerOptions{}.batch_size(32).verbose(false).loss_scale(0x1p40f).schedule(optim::LrSchedule::step(1, 0.5f))};
   data::Loader<data::TensorDataset> loader(d, 32, 5, true, false, 0, 1);
   const std::vector<float> before(t.params().values().begin(), t.params().values().end());
-  const data::Batch b = loader.batch(0);
+  const auto b = loader.batch(0);
   const StepResult r = t.train_step(b.x, b.y, b.global_offset, b.global_count);
   REQUIRE(r.skipped);
   REQUIRE(r.step == 1);
@@ -143,7 +142,7 @@ TEST_CASE("an fp16 overflow skips the optimizer and the schedule and halves the 
   // It halves until the gradients fit, then trains; nothing Inf or NaN ever reaches the weights.
   std::size_t skipped = 1, applied = 0;
   for (std::size_t k = 1; k < 60; ++k) {
-    const data::Batch bk = loader.batch(k);
+    const auto bk = loader.batch(k);
     (t.train_step(bk.x, bk.y, bk.global_offset, bk.global_count).skipped ? skipped : applied) += 1;
   }
   INFO("skipped " << skipped << ", applied " << applied << ", final scale " << engine_scaler.scale());
@@ -337,7 +336,7 @@ TEST_CASE("the Accelerate-style API saves and loads the whole state, loss scaler
 TEST_CASE("a layer refuses a backward in another precision than its forward", "[precision][errors]") {
   nn::Linear layer(4, 3);
   Context ctx;
-  layer.forward(ctx, Batch<bf16>({2, 4}));
+  layer.forward(ctx, Tensor<bf16>({2, 4}));
   REQUIRE_THROWS_WITH(layer.backward(ctx, Matrix({2, 3})),
                       Catch::Contains("Linear(4, 3): backward in fp32 after a forward in bf16"));
 }

@@ -57,7 +57,7 @@ TEST_CASE("SimpleModel matches PyTorch: loss, gradients, 3 Adam steps, BatchNorm
       // The first Linear's bias feeds BatchNorm, which subtracts the batch mean: its gradient is 0
       // in exact arithmetic and rounding noise in both libraries. Both must be noise-sized.
       const Matrix torch_grad = fixture("step0.grad.0.bias");
-      const float scale = xt::amax(xt::abs(fixture("step0.grad.0.weight")))();
+      const float scale = xt::amax(xt::abs(as_xtensor(fixture("step0.grad.0.weight"))))();
       for (std::size_t i = 0; i < bias0.size; ++i) {
         REQUIRE(std::abs(arena.grads(bias0)[i]) <= 1e-5f * scale);
         REQUIRE(std::abs(torch_grad.data()[i]) <= 1e-5f * scale);

@@ -5,8 +5,8 @@
 struct Fp32Only {
   const xtrain::Matrix& forward(xtrain::Context&, const xtrain::Matrix& x) { return x; }
   const xtrain::Matrix& backward(xtrain::Context&, const xtrain::Matrix& dy) { return dy; }
-  template <class F>
-  void visit_params(const std::string&, F&&) {}
+  template <class V>
+  void visit(V&) {}
 };
 
 int main() {

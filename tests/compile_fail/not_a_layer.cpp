@@ -5,8 +5,8 @@
 struct OnlyForward {
   xtrain::Matrix y;
   const xtrain::Matrix& forward(xtrain::Context&, const xtrain::Matrix& x) { return x; }
-  template <class F>
-  void visit_params(const std::string&, F&&) {}
+  template <class V>
+  void visit(V&) {}
 };
 
 int main() {

@@ -27,7 +27,7 @@ namespace xtrain::checkpoint {
 using xtrain::CheckpointError;
 
 inline constexpr char file_magic[8] = {'X', 'T', 'R', 'A', 'I', 'N', 'C', 'K'};
-inline constexpr std::uint32_t format_version = 2;  // 2: loss-scaler state
+inline constexpr std::uint32_t format_version = 3;  // 2: loss-scaler state; 3: parameter groups, tied names
 inline constexpr std::size_t header_size = 8 + 4 + 4 + 4 + 8 + 4;
 
 namespace detail {

@@ -34,19 +34,17 @@ template <class Model>
 std::vector<TensorBytes> state_dict(Model& model, ParamArena& arena) {
   static_assert(std::endian::native == std::endian::little, "safetensors export assumes a little-endian host");
   std::vector<TensorBytes> out;
-  for (const auto& e : arena.entries()) {
+  for (const auto& e : arena.entries()) {  // a tied parameter under each of its names, as state_dict
     auto v = arena.values(e);
-    out.push_back({e.name,
-                   "F32",
-                   {e.shape.begin(), e.shape.end()},
-                   std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float))});
+    const std::string bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+    out.push_back({e.name, "F32", {e.shape.begin(), e.shape.end()}, bytes});
+    for (const auto& alias : e.aliases) out.push_back({alias, "F32", {e.shape.begin(), e.shape.end()}, bytes});
   }
-  if constexpr (HasBuffers<Model>)
-    model.visit_buffers(std::string{}, [&](const std::string& name, auto&& buffer) {
-      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, std::span<float>>)
+  xtrain::visit_buffers(model, [&](const std::string& name, auto&& buffer) {
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, Tensor<float>>)
         out.push_back({name,
                        "F32",
-                       {buffer.size()},
+                       {buffer.shape().begin(), buffer.shape().end()},
                        std::string(reinterpret_cast<const char*>(buffer.data()), buffer.size() * sizeof(float))});
       else
         out.push_back({name, "I64", {}, std::string(reinterpret_cast<const char*>(&buffer), sizeof(std::int64_t))});
@@ -241,11 +239,13 @@ void load_model(Model& model, ParamArena& arena, const std::string& path) {
     else
       throw CheckpointError(f->path + ": tensor '" + name + "' has dtype " + e->dtype + " (F32 or F64 expected)");
   };
-  for (const auto& e : arena.entries()) load_floats(e.name, arena.values(e), e.shape);
-  if constexpr (HasBuffers<Model>)
-    model.visit_buffers(std::string{}, [&](const std::string& name, auto&& buffer) {
-      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, std::span<float>>) {
-        load_floats(name, buffer, {buffer.size()});
+  for (const auto& e : arena.entries()) {
+    load_floats(e.name, arena.values(e), e.shape);
+    for (const auto& alias : e.aliases) load_floats(alias, arena.values(e), e.shape);  // tied: the same values
+  }
+  xtrain::visit_buffers(model, [&](const std::string& name, auto&& buffer) {
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, Tensor<float>>) {
+        load_floats(name, std::span<float>(buffer.data(), buffer.size()), buffer.shape().to_vector());
       } else {
         const auto [f, e] = find(name);
         used.push_back(name);

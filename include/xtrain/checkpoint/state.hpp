@@ -22,7 +22,10 @@
 
 #include "xtrain/checkpoint/archive.hpp"
 #include "xtrain/core/param_arena.hpp"
+#include "xtrain/core/module.hpp"
 #include "xtrain/core/rng.hpp"
+#include "xtrain/optim/param_groups.hpp"
+#include "xtrain/optim/schedule.hpp"
 #include "xtrain/version.hpp"
 
 namespace xtrain::checkpoint {
@@ -52,10 +55,12 @@ struct Progress {
   std::uint64_t samples_in_epoch = 0;    ///< samples of the current epoch already trained on
   std::uint64_t global_batch = 0;        ///< samples per global step when saved
   std::uint64_t data_seed = 0;           ///< seed of the data order and dropout
-  double epoch_sums[3] = {0, 0, 0};      ///< loss sum, correct, samples of the current epoch (all ranks)
+  double epoch_sums[4] = {0, 0, 0, 0};   ///< loss sum, correct, terms, samples of the current epoch (all ranks)
   float loss_scale = 0.0f;               ///< dynamic loss scale (fp16); 0: the run did not scale
   std::uint64_t loss_scale_tracker = 0;  ///< clean steps since the scale last changed
   std::uint64_t skipped_steps = 0;       ///< steps skipped for Inf/NaN gradients
+  std::vector<optim::GroupScales> groups;  ///< parameter groups (default first) and their multipliers
+  std::vector<std::uint64_t> param_group;  ///< each arena slot's group
   template <class Archive>
   void serialize(Archive& ar, unsigned) {
     ar& make_nvp("step", step);
@@ -67,6 +72,8 @@ struct Progress {
     ar& make_nvp("loss_scale", loss_scale);
     ar& make_nvp("loss_scale_tracker", loss_scale_tracker);
     ar& make_nvp("skipped_steps", skipped_steps);
+    ar& make_nvp("groups", groups);
+    ar& make_nvp("param_group", param_group);
   }
 };
 
@@ -80,11 +87,13 @@ struct Registered {
 template <class Model>
 std::vector<std::string> model_signature(Model& model, const ParamArena& arena) {
   std::vector<std::string> sig;
-  for (const auto& e : arena.entries()) sig.push_back(e.name + " f32 " + shape_string(e.shape));
-  if constexpr (HasBuffers<Model>)
-    model.visit_buffers(std::string{}, [&](const std::string& name, auto&& buffer) {
-      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, std::span<float>>)
-        sig.push_back(name + " f32 [" + std::to_string(buffer.size()) + "]");
+  for (const auto& e : arena.entries()) {
+    sig.push_back(e.name + " f32 " + shape_string(e.shape));
+    for (const auto& alias : e.aliases) sig.push_back(alias + " tied to " + e.name);
+  }
+  xtrain::visit_buffers(model, [&](const std::string& name, auto&& buffer) {
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, Tensor<float>>)
+        sig.push_back(name + " f32 " + buffer.shape().str());
       else
         sig.push_back(name + " i64 []");
     });
@@ -114,10 +123,9 @@ std::string encode(Model& model, ParamArena& arena, const Optimizer& optimizer, 
     ar << make_nvp("params", params);
     std::vector<NamedTensor> buffers;
     std::vector<std::pair<std::string, std::int64_t>> counters;
-    if constexpr (HasBuffers<Model>)
-      model.visit_buffers(std::string{}, [&](const std::string& name, auto&& buffer) {
-        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, std::span<float>>)
-          buffers.push_back({name, {buffer.size()}, {buffer.begin(), buffer.end()}});
+    xtrain::visit_buffers(model, [&](const std::string& name, auto&& buffer) {
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, Tensor<float>>)
+          buffers.push_back({name, {buffer.shape().begin(), buffer.shape().end()}, {buffer.begin(), buffer.end()}});
         else
           counters.emplace_back(name, buffer);
       });
@@ -170,9 +178,8 @@ Progress decode(const std::string& payload, const std::string& source, Model& mo
       std::copy(saved.begin(), saved.end(), arena.values(arena.entries()[i]).begin());
     }
     std::size_t fi = 0, ci = 0;
-    if constexpr (HasBuffers<Model>)
-      model.visit_buffers(std::string{}, [&](const std::string&, auto&& buffer) {
-        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, std::span<float>>) {
+    xtrain::visit_buffers(model, [&](const std::string&, auto&& buffer) {
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, Tensor<float>>) {
           const std::vector<float>& saved = buffers[fi++].values;  // sizes checked by the signature
           std::copy(saved.begin(), saved.end(), buffer.begin());
         } else {

@@ -1,6 +1,6 @@
 #pragma once
 /// \file concepts.hpp
-/// The Layer and Optimizer contracts. `check_layer<L>()` / `check_optimizer<O>()` fail with one
+/// The Module and Optimizer contracts. `check_module<L>()` / `check_optimizer<O>()` fail with one
 /// readable message naming the missing member instead of a wall of template errors.
 
 #include <concepts>
@@ -9,22 +9,11 @@
 #include <string>
 
 #include "xtrain/core/context.hpp"
+#include "xtrain/core/module.hpp"
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/tensor.hpp"
 
 namespace xtrain {
-
-namespace detail {
-/// Stands for any callable passed to visit_params.
-struct ParamVisitorArchetype {
-  void operator()(const std::string&, Param&) const {}
-};
-/// Stands for any callable passed to visit_buffers.
-struct BufferVisitorArchetype {
-  void operator()(const std::string&, std::span<float>) const {}
-  void operator()(const std::string&, std::int64_t&) const {}
-};
-}  // namespace detail
 
 template <class L>
 concept HasForward = requires(L& layer, Context& ctx, const Matrix& x) {
@@ -35,60 +24,55 @@ concept HasBackward = requires(L& layer, Context& ctx, const Matrix& dy) {
   { layer.backward(ctx, dy) } -> std::convertible_to<const Matrix&>;
 };
 template <class L>
-concept HasVisitParams = requires(L& layer, const std::string& prefix) {
-  layer.visit_params(prefix, detail::ParamVisitorArchetype{});
-};
-/// Optional: layers with state that is not trained (BatchNorm running statistics).
-template <class L>
-concept HasBuffers = requires(L& layer, const std::string& prefix) {
-  layer.visit_buffers(prefix, detail::BufferVisitorArchetype{});
-};
+concept HasVisit = requires(L& layer, detail::VisitorArchetype& v) { layer.visit(v); };
 
-/// Layer: `forward(ctx, x) -> const Matrix&`, `backward(ctx, dy) -> const Matrix&` (ADDS into its
-/// parameter gradients), `visit_params(prefix, f)`; optionally `visit_buffers(prefix, f)`.
+/// Module: `forward(ctx, x) -> const Tensor<float>&`, `backward(ctx, dy) -> const Tensor<float>&`
+/// (ADDS into its parameter gradients), `visit(v)` (parameters, buffers, children, identity: see
+/// core/module.hpp).
 template <class L>
-concept Layer = HasForward<L> && HasBackward<L> && HasVisitParams<L>;
+concept Module = HasForward<L> && HasBackward<L> && HasVisit<L>;
 
-/// Fails compilation with a message naming the first missing Layer member.
+/// Fails compilation with a message naming the first missing Module member.
 template <class L>
-consteval bool check_layer() {
+consteval bool check_module() {
   static_assert(HasForward<L>,
-                "xtrain: this type is not a Layer: it has no member "
-                "`const Matrix& forward(Context&, const Matrix&)`");
+                "xtrain: this type is not a Module: it has no member "
+                "`const Tensor<float>& forward(Context&, const Tensor<float>&)`");
   static_assert(HasBackward<L>,
-                "xtrain: this type is not a Layer: it has no member "
-                "`const Matrix& backward(Context&, const Matrix& dy)`");
-  static_assert(HasVisitParams<L>,
-                "xtrain: this type is not a Layer: it has no member template "
-                "`visit_params(const std::string& prefix, F&& f)` (call f(name, Param&) per parameter; "
-                "an empty body for layers without parameters)");
-  return Layer<L>;
+                "xtrain: this type is not a Module: it has no member "
+                "`const Tensor<float>& backward(Context&, const Tensor<float>& dy)`");
+  static_assert(HasVisit<L>,
+                "xtrain: this type is not a Module: it has no member template `visit(V& v)` (report "
+                "v.param(name, Param&), v.buffer(...), v.child(name, module); an empty body for modules "
+                "without any)");
+  return Module<L>;
 }
 
-/// A layer that runs with activations stored as T: for bf16/fp16, forward/backward taking and
-/// returning `const Batch<T>&` exactly (a Matrix-only layer would otherwise seem to qualify:
-/// xtensor converts a Batch<bf16> to a Matrix implicitly); for float, forward and backward.
+/// A module that runs with activations stored as T: for bf16/fp16, forward/backward taking and
+/// returning `const Tensor<T>&` exactly; for float, forward and backward.
 template <class L, class T>
-concept LayerFor = (std::same_as<T, float> && HasForward<L> && HasBackward<L>) ||
-                   requires(L& layer, Context& ctx, const Batch<T>& x) {
-  { layer.forward(ctx, x) } -> std::same_as<const Batch<T>&>;
-  { layer.backward(ctx, x) } -> std::same_as<const Batch<T>&>;
+concept ModuleFor = (std::same_as<T, float> && HasForward<L> && HasBackward<L>) ||
+                    requires(L& layer, Context& ctx, const Tensor<T>& x) {
+  { layer.forward(ctx, x) } -> std::same_as<const Tensor<T>&>;
+  { layer.backward(ctx, x) } -> std::same_as<const Tensor<T>&>;
 };
 
-/// Fails compilation with a readable message when a layer cannot run with T activations.
+/// Fails compilation with a readable message when a module cannot run with T activations.
 template <class L, class T>
-consteval bool check_layer_for() {
-  static_assert(LayerFor<L, T>,
-                "xtrain: this layer cannot run under MixedPrecision: it needs `forward` and `backward` over "
-                "Batch<T> for the policy's storage type (make them templates over xtrain::ActivationType T, as "
-                "the built-in layers are)");
-  return LayerFor<L, T>;
+consteval bool check_module_for() {
+  static_assert(ModuleFor<L, T>,
+                "xtrain: this module cannot run under MixedPrecision: it needs `forward` and `backward` over "
+                "Tensor<T> for the policy's storage type (make them templates over xtrain::ActivationType T, as "
+                "the built-in modules are)");
+  return ModuleFor<L, T>;
 }
 
 /// What an optimizer step needs besides parameters and gradients.
 struct StepInfo {
   float lr = 0.0f;         ///< learning rate of this step (after the schedule)
   std::uint64_t step = 1;  ///< 1-based count of optimizer steps taken, this one included
+  std::size_t state_offset = 0;    ///< index of params[0] in the optimizer state's flat vectors
+  float weight_decay_scale = 1.0f;  ///< multiplies the optimizer's weight decay (parameter groups)
 };
 
 template <class O>

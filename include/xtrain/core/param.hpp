@@ -1,44 +1,78 @@
 #pragma once
 /// \file param.hpp
-/// A named trainable parameter: a shape plus views of its values and its gradient. Before a
-/// ParamArena adopts it, a Param owns its storage; afterwards it views slices of the arena's
-/// flat buffers, so the whole model is one fp32 value buffer and one fp32 gradient buffer.
+/// A trainable parameter: a shape plus views of its values and its gradient. Before a ParamArena
+/// adopts it, a Param owns its storage; afterwards it views a slot of the arena's flat buffers, so
+/// the whole model is one fp32 value buffer and one fp32 gradient buffer. Two Params may share one
+/// storage (`tie`): weight tying, one arena slot whose gradient is the sum of both uses.
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <span>
 #include <vector>
 
+#include "xtrain/core/error.hpp"
+
 namespace xtrain {
+
+/// What a parameter is, as its module reports it: parameter groups select by it (AdamW without
+/// weight decay on biases, norms and embeddings).
+enum class ParamKind : std::uint8_t { weight, bias, norm, embedding };
+
+/// "weight", "bias", "norm", "embedding".
+constexpr const char* param_kind_name(ParamKind k) noexcept {
+  return k == ParamKind::weight ? "weight" : k == ParamKind::bias ? "bias" : k == ParamKind::norm ? "norm" : "embedding";
+}
 
 class Param {
  public:
+  /// The slot of a Param no arena has adopted.
+  static constexpr std::uint32_t no_slot = 0xFFFFFFFFu;
+
   Param() = default;
   /// Zero-initialised parameter of the given shape.
   explicit Param(std::vector<std::size_t> shape)
       : shape_(std::move(shape)),
         size_(std::accumulate(shape_.begin(), shape_.end(), std::size_t{1}, std::multiplies<>{})),
-        own_values_(size_, 0.0f),
-        own_grads_(size_, 0.0f),
-        values_(own_values_.data()),
-        grads_(own_grads_.data()) {}
+        own_(std::make_shared<Storage>(size_)),
+        values_(own_->values.data()),
+        grads_(own_->grads.data()) {}
 
-  /// A copy owns its storage (it never aliases the source's arena).
+  /// A copy owns a copy of the values and gradients (it never aliases the source's arena, and a
+  /// copy of a tied parameter is not tied).
   Param(const Param& other) : shape_(other.shape_), size_(other.size_) {
-    own_values_.assign(other.values_, other.values_ + size_);
-    own_grads_.assign(other.grads_, other.grads_ + size_);
-    values_ = own_values_.data();
-    grads_ = own_grads_.data();
+    if (size_ == 0) return;
+    own_ = std::make_shared<Storage>(size_);
+    std::copy_n(other.values_, size_, own_->values.data());
+    std::copy_n(other.grads_, size_, own_->grads.data());
+    values_ = own_->values.data();
+    grads_ = own_->grads.data();
   }
   Param& operator=(const Param& other) {
     if (this != &other) *this = Param(other);
     return *this;
   }
-  // Moving keeps the views: std::vector's move keeps its heap buffer, arena views stay valid.
+  // Moving keeps the views: the storage is on the heap (or in an arena), it does not move.
   Param(Param&&) noexcept = default;
   Param& operator=(Param&&) noexcept = default;
+
+  /// Weight tying: from now on this parameter IS `source` (same values; in an arena, one slot
+  /// whose gradient sums both uses), as `b.weight = a.weight` in PyTorch. Requires: neither is in
+  /// an arena yet, and the shapes are equal.
+  void tie(Param& source) {
+    XTRAIN_CHECK(!in_arena() && !source.in_arena(), ValueError,
+                 "Param::tie: tie parameters before a Trainer, Engine or ParamArena adopts the model");
+    XTRAIN_CHECK(shape_ == source.shape_, ShapeError, "Param::tie: shapes ", shape_string(shape_), " and ",
+                 shape_string(source.shape_), " differ");
+    own_ = source.own_;
+    values_ = source.values_;
+    grads_ = source.grads_;
+  }
+  /// Whether this parameter shares its storage with `other` (tied, or the same object).
+  bool shares_storage_with(const Param& other) const noexcept { return values_ != nullptr && values_ == other.values_; }
 
   std::span<float> values() noexcept { return {values_, size_}; }
   std::span<const float> values() const noexcept { return {values_, size_}; }
@@ -51,25 +85,34 @@ class Param {
   std::size_t size() const noexcept { return size_; }
   const std::vector<std::size_t>& shape() const noexcept { return shape_; }
   /// True once a ParamArena holds the storage.
-  bool in_arena() const noexcept { return own_values_.empty() && size_ > 0; }
+  bool in_arena() const noexcept { return !own_ && size_ > 0; }
+  /// The arena slot (index of its ParamArena entry), or no_slot before adoption.
+  std::uint32_t slot() const noexcept { return slot_; }
 
-  /// Moves the values and gradients into external storage and views it from now on.
-  /// Requires: `values` and `grads` hold `size()` floats and outlive this Param's use.
-  void rebind(float* values, float* grads) noexcept {
-    std::copy_n(values_, size_, values);
-    std::copy_n(grads_, size_, grads);
+  /// Moves the values and gradients into external storage and views it from now on (an arena
+  /// does this at adoption). Requires: `values` and `grads` hold `size()` floats and outlive this
+  /// Param's use.
+  void rebind(float* values, float* grads, std::uint32_t slot) noexcept {
+    if (values != values_) std::copy_n(values_, size_, values);
+    if (grads != grads_) std::copy_n(grads_, size_, grads);
     values_ = values;
     grads_ = grads;
-    own_values_ = {};
-    own_grads_ = {};
+    slot_ = slot;
+    own_.reset();
   }
 
  private:
+  struct Storage {
+    explicit Storage(std::size_t n) : values(n, 0.0f), grads(n, 0.0f) {}
+    std::vector<float> values, grads;
+  };
+
   std::vector<std::size_t> shape_;
   std::size_t size_ = 0;
-  std::vector<float> own_values_, own_grads_;
+  std::shared_ptr<Storage> own_;  // before adoption (shared by tied parameters)
   float* values_ = nullptr;
   float* grads_ = nullptr;
+  std::uint32_t slot_ = no_slot;
 };
 
 }  // namespace xtrain

@@ -13,6 +13,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include "xtrain/core/concepts.hpp"
+#include "xtrain/core/module.hpp"
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/param.hpp"
 
@@ -21,12 +22,17 @@ namespace xtrain {
 /// Aligned fp32 storage for the arena and the optimizer state.
 using AlignedVector = std::vector<float, xsimd::aligned_allocator<float, 64>>;
 
-/// One parameter's place in the arena.
+/// One parameter's place in the arena (a slot: tied parameters share one).
 struct ParamEntry {
-  std::string name;                ///< PyTorch state_dict name, e.g. "0.weight"
-  std::vector<std::size_t> shape;  ///< as PyTorch: Linear weight is [out, in]
-  std::size_t offset = 0;          ///< first element in the flat buffers
-  std::size_t size = 0;            ///< number of elements
+  std::string name;                  ///< PyTorch state_dict name of its first use, e.g. "0.weight"
+  std::vector<std::size_t> shape;    ///< as PyTorch: Linear weight is [out, in]
+  std::size_t offset = 0;            ///< first element in the flat buffers
+  std::size_t size = 0;              ///< number of elements
+  ParamKind kind = ParamKind::weight;  ///< as its module reported it
+  std::vector<std::string> aliases;  ///< names of the other uses of a tied parameter
+  std::size_t group = 0;             ///< parameter group (0: the default group)
+  /// Uses of the slot: readiness expects this many reports per backward.
+  std::size_t uses() const noexcept { return 1 + aliases.size(); }
 };
 
 class ParamArena {
@@ -52,22 +58,30 @@ class ParamArena {
   /// e.g. ranks x alignment so that a sharded optimizer step splits them into equal blocks.
   template <class Model>
   void adopt(Model& model, std::size_t multiple = alignment) {
-    static_assert(check_layer<Model>());
+    static_assert(check_module<Model>());
     entries_.clear();
     std::size_t total = 0;
-    model.visit_params(std::string{}, [&](const std::string& name, Param& p) {
+    std::vector<const float*> storage;  // each slot's storage before adoption: tied uses share it
+    visit_parameters(model, [&](const std::string& name, Param& p, ParamKind kind) {
       XTRAIN_CHECK(!p.in_arena(), ValueError, "ParamArena: parameter '", name,
                    "' already lives in another arena (adopt each model once)");
-      entries_.push_back({name, p.shape(), total, p.size()});
+      for (std::size_t i = 0; i < storage.size(); ++i)
+        if (storage[i] == p.data()) {  // tied to an earlier parameter
+          entries_[i].aliases.push_back(name);
+          return;
+        }
+      storage.push_back(p.data());
+      entries_.push_back({name, p.shape(), total, p.size(), kind, {}, 0});
       total += (p.size() + alignment - 1) / alignment * alignment;
     });
+    XTRAIN_CHECK(entries_.size() < Param::no_slot, ValueError, "ParamArena: too many parameters");
     natural_size_ = total;
     total = (total + multiple - 1) / multiple * multiple;
     values_.assign(total, 0.0f);
     grads_.assign(total, 0.0f);
     value_view_ = {values_.data(), values_.size()};
     grad_view_ = {grads_.data(), grads_.size()};
-    rebind(model);
+    rebind(model, storage);
     zero_grad();
   }
 
@@ -101,9 +115,14 @@ class ParamArena {
   }
   const std::vector<ParamEntry>& entries() const noexcept { return entries_; }
 
-  /// The entry named `name`; throws ValueError naming it when absent.
+  /// Sets the parameter group of slot `i` (the engine does, from its options' rules).
+  void set_group(std::size_t i, std::size_t group) { entries_.at(i).group = group; }
+
+  /// The entry named `name` (or one of its aliases); throws ValueError naming it when absent.
   const ParamEntry& entry(const std::string& name) const {
-    auto it = std::find_if(entries_.begin(), entries_.end(), [&](const auto& e) { return e.name == name; });
+    auto it = std::find_if(entries_.begin(), entries_.end(), [&](const auto& e) {
+      return e.name == name || std::find(e.aliases.begin(), e.aliases.end(), name) != e.aliases.end();
+    });
     XTRAIN_CHECK(it != entries_.end(), ValueError, "ParamArena: no parameter named '", name, "'");
     return *it;
   }
@@ -113,12 +132,22 @@ class ParamArena {
   void zero_grad() noexcept { std::fill(grad_view_.begin(), grad_view_.end(), 0.0f); }
 
  private:
+  // Points every parameter use at its slot. `storage`: each slot's current storage (tied uses
+  // share it), so that a use is matched to its slot before any is rebound.
+  template <class Model>
+  void rebind(Model& model, const std::vector<const float*>& storage) {
+    visit_parameters(model, [&](const std::string&, Param& p, ParamKind) {
+      const auto i = static_cast<std::size_t>(std::find(storage.begin(), storage.end(), p.data()) - storage.begin());
+      p.rebind(value_view_.data() + entries_[i].offset, grad_view_.data() + entries_[i].offset,
+               static_cast<std::uint32_t>(i));
+    });
+  }
+  // After adoption: every use knows its slot.
   template <class Model>
   void rebind(Model& model) {
-    std::size_t i = 0;
-    model.visit_params(std::string{}, [&](const std::string&, Param& p) {
-      p.rebind(value_view_.data() + entries_[i].offset, grad_view_.data() + entries_[i].offset);
-      ++i;
+    visit_parameters(model, [&](const std::string&, Param& p, ParamKind) {
+      const std::uint32_t i = p.slot();
+      p.rebind(value_view_.data() + entries_[i].offset, grad_view_.data() + entries_[i].offset, i);
     });
   }
   // Copies `view` into `storage` (zero padding after it), points `view` and every Param there,

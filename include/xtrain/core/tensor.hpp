@@ -1,55 +1,220 @@
 #pragma once
 /// \file tensor.hpp
-/// Tensor aliases over xtensor. This is the ONLY header of the library that includes xtensor
-/// (xtensor 0.26 moved every header; one place to change).
+/// Shape and Tensor<T>: a contiguous, row-major, 64-byte aligned tensor of rank 0-6 over float,
+/// bf16, fp16 or int32. Activations, gradients, buffers and data sets are Tensors; a layer that
+/// works on the last dimension sees `[*, C]` as `rows() x cols()` rows. A Tensor's storage only
+/// grows: resizing to a shape of fewer elements (the last, partial batch) never allocates, so a
+/// training step allocates nothing once warm. `core/xtensor.hpp` adapts a Tensor as an xtensor
+/// expression for user code that wants xtensor's algebra.
 
+#include <algorithm>
+#include <array>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
 #include <vector>
 
-#include <xtensor/xadapt.hpp>
-#include <xtensor/xtensor.hpp>
+#include <xsimd/memory/xsimd_aligned_allocator.hpp>
 
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/precision.hpp"
 
 namespace xtrain {
 
-/// A dense row-major tensor of rank `Rank` over `T`.
-template <class T, std::size_t Rank>
-using Tensor = xt::xtensor<T, Rank>;
+/// The dimensions of a tensor: rank 0 (a scalar) to 6.
+class Shape {
+ public:
+  static constexpr std::size_t max_rank = 6;
 
-/// A batch of feature rows `[samples, features]` stored as T (float, bf16 or fp16): activations
-/// flow between layers as this, in the storage type of the precision policy.
+  constexpr Shape() = default;
+  /// Shape{32, 784}. Requires at most max_rank dimensions.
+  Shape(std::initializer_list<std::size_t> dims) { assign(dims.begin(), dims.end()); }
+  /// From any sequence of sizes (a std::vector, another shape's dims).
+  template <class Range>
+  requires(!std::same_as<Range, Shape> && requires(const Range& r) { r.begin(), r.end(); })
+  explicit Shape(const Range& dims) {
+    assign(dims.begin(), dims.end());
+  }
+
+  std::size_t rank() const noexcept { return rank_; }
+  std::size_t operator[](std::size_t i) const noexcept { return dims_[i]; }
+  std::size_t& operator[](std::size_t i) noexcept { return dims_[i]; }
+  const std::size_t* begin() const noexcept { return dims_.data(); }
+  const std::size_t* end() const noexcept { return dims_.data() + rank_; }
+  /// The last dimension (1 for a scalar).
+  std::size_t back() const noexcept { return rank_ ? dims_[rank_ - 1] : 1; }
+  /// Number of elements (1 for a scalar).
+  std::size_t elements() const noexcept {
+    std::size_t n = 1;
+    for (std::size_t i = 0; i < rank_; ++i) n *= dims_[i];
+    return n;
+  }
+  /// This shape with its last dimension replaced by `n` ([B, T, in] -> [B, T, out]).
+  Shape with_back(std::size_t n) const {
+    Shape s = *this;
+    if (s.rank_ == 0) s.rank_ = 1;
+    s.dims_[s.rank_ - 1] = n;
+    return s;
+  }
+  std::vector<std::size_t> to_vector() const { return {begin(), end()}; }
+  /// `[32, 784]`.
+  std::string str() const { return shape_string(to_vector()); }
+
+  friend bool operator==(const Shape& a, const Shape& b) noexcept {
+    return a.rank_ == b.rank_ && std::equal(a.begin(), a.end(), b.begin());
+  }
+
+ private:
+  template <class It>
+  void assign(It first, It last) {
+    for (; first != last; ++first) {
+      XTRAIN_CHECK(rank_ < max_rank, ShapeError, "a tensor has at most ", max_rank, " dimensions");
+      dims_[rank_++] = static_cast<std::size_t>(*first);
+    }
+  }
+
+  std::array<std::size_t, max_rank> dims_{};
+  std::size_t rank_ = 0;
+};
+
+/// The element types a Tensor holds.
 template <class T>
-using Batch = Tensor<T, 2>;
-
-/// A batch of fp32 feature rows.
-using Matrix = Batch<float>;
+concept TensorElement =
+    std::same_as<T, float> || std::same_as<T, bf16> || std::same_as<T, fp16> || std::same_as<T, std::int32_t>;
 
 /// The types activations may be stored in.
 template <class T>
 concept ActivationType = std::same_as<T, float> || std::same_as<T, bf16> || std::same_as<T, fp16>;
 
+/// A dense, contiguous, row-major tensor that owns its storage (64-byte aligned).
+template <TensorElement T>
+class Tensor {
+ public:
+  using value_type = T;
+
+  Tensor() = default;
+  /// A tensor of `shape`, zero-filled: `Tensor<float> x({32, 784})`.
+  explicit Tensor(const Shape& shape) : shape_(shape), storage_(shape.elements(), T{}) {}
+  /// A tensor of `shape` holding `values` (row-major). Requires values.size() == shape.elements().
+  Tensor(const Shape& shape, std::vector<T> values) : shape_(shape), storage_(values.begin(), values.end()) {
+    XTRAIN_CHECK(values.size() == shape.elements(), ShapeError, "Tensor of shape ", shape.str(), " given ",
+                 values.size(), " values");
+  }
+
+  /// Copies hold only the elements (not the spare capacity).
+  Tensor(const Tensor& other) : shape_(other.shape_), storage_(other.begin(), other.end()) {}
+  Tensor& operator=(const Tensor& other) {
+    if (this != &other) {
+      resize(other.shape_);
+      std::copy(other.begin(), other.end(), begin());
+    }
+    return *this;
+  }
+  Tensor(Tensor&&) noexcept = default;
+  Tensor& operator=(Tensor&&) noexcept = default;
+
+  /// Gives the tensor `shape`. Reallocates only when it needs more elements than it ever held;
+  /// the contents are then unspecified (kept when the element count fits).
+  void resize(const Shape& shape) {
+    const std::size_t n = shape.elements();
+    if (n > storage_.size()) storage_.resize(n);
+    shape_ = shape;
+  }
+  /// Releases the storage (an empty tensor).
+  void clear() noexcept {
+    storage_ = {};
+    shape_ = {};
+  }
+
+  const Shape& shape() const noexcept { return shape_; }
+  std::size_t shape(std::size_t i) const noexcept { return shape_[i]; }
+  /// The rank.
+  std::size_t dimension() const noexcept { return shape_.rank(); }
+  /// Number of elements.
+  std::size_t size() const noexcept { return shape_.rank() ? shape_.elements() : 0; }
+  bool empty() const noexcept { return size() == 0; }
+  /// The last dimension: the row length a last-dimension layer sees.
+  std::size_t cols() const noexcept { return shape_.back(); }
+  /// Number of rows of length cols() (the product of all but the last dimension).
+  std::size_t rows() const noexcept { return cols() ? size() / cols() : 0; }
+
+  T* data() noexcept { return storage_.data(); }
+  const T* data() const noexcept { return storage_.data(); }
+  T* begin() noexcept { return data(); }
+  T* end() noexcept { return data() + size(); }
+  const T* begin() const noexcept { return data(); }
+  const T* end() const noexcept { return data() + size(); }
+
+  /// Element `i` in row-major order.
+  T& operator[](std::size_t i) noexcept { return storage_[i]; }
+  const T& operator[](std::size_t i) const noexcept { return storage_[i]; }
+
+  /// Element at a row-major multi-index: `x(i, j)`, `x(b, t, c)`.
+  template <std::integral... I>
+  T& operator()(I... index) noexcept {
+    return storage_[offset(index...)];
+  }
+  template <std::integral... I>
+  const T& operator()(I... index) const noexcept {
+    return storage_[offset(index...)];
+  }
+
+  /// Every element set to `v`.
+  void fill(T v) noexcept { std::fill(begin(), end(), v); }
+
+  /// Same shape and elements (bitwise for floats: NaN != NaN, -0 == 0 as ==).
+  friend bool operator==(const Tensor& a, const Tensor& b) noexcept {
+    return a.shape_ == b.shape_ && std::equal(a.begin(), a.end(), b.begin());
+  }
+
+  /// Elements from `values` (same count): a convenience for tests and user code.
+  void assign(std::initializer_list<T> values) {
+    XTRAIN_CHECK(values.size() == size(), ShapeError, "Tensor of shape ", shape_.str(), " assigned ", values.size(),
+                 " values");
+    std::copy(values.begin(), values.end(), begin());
+  }
+
+ private:
+  template <class... I>
+  std::size_t offset(I... index) const noexcept {
+    const std::size_t idx[] = {static_cast<std::size_t>(index)...};
+    std::size_t o = 0;
+    for (std::size_t i = 0; i < sizeof...(I); ++i) o = o * shape_[i] + idx[i];
+    return o;
+  }
+
+  Shape shape_;
+  std::vector<T, xsimd::aligned_allocator<T, 64>> storage_;
+};
+
+/// The shape of a tensor as a vector (for messages and file headers).
+template <class T>
+std::vector<std::size_t> shape_of(const Tensor<T>& t) {
+  return t.shape().to_vector();
+}
+
+/// An fp32 tensor (the name is kept from when activations were [batch, features] matrices).
+using Matrix = Tensor<float>;
+
 /// 0, 1, 2 for float, bf16, fp16 (a layer checks backward runs in the type of its forward).
 template <ActivationType T>
-inline constexpr int activation_type_index = std::same_as<T, float>  ? 0
-                                             : std::same_as<T, bf16> ? 1
-                                                                     : 2;
+inline constexpr int activation_type_index = std::same_as<T, float> ? 0 : std::same_as<T, bf16> ? 1 : 2;
 
 /// The name of an activation type ("fp32", "bf16", "fp16") by index.
 constexpr const char* activation_type_name(int index) noexcept {
   return index == 0 ? "fp32" : index == 1 ? "bf16" : "fp16";
 }
 
-/// One batch buffer per activation type: a layer keeps its outputs in the one of the precision
-/// it runs in (the others stay empty).
-struct BatchBuffers {
-  Batch<float> f32;
-  Batch<bf16> b16;
-  Batch<fp16> f16;
+/// One tensor per activation type: a layer keeps its outputs in the one of the precision it runs
+/// in (the others stay empty).
+struct ActivationBuffers {
+  Tensor<float> f32;
+  Tensor<bf16> b16;
+  Tensor<fp16> f16;
   template <ActivationType T>
-  Batch<T>& get() noexcept {
+  Tensor<T>& get() noexcept {
     if constexpr (std::same_as<T, float>)
       return f32;
     else if constexpr (std::same_as<T, bf16>)
@@ -59,24 +224,12 @@ struct BatchBuffers {
   }
 };
 
-/// A dense fp32 vector.
-using Vector = Tensor<float, 1>;
-
-/// The shape of a tensor as a vector.
-template <class T, std::size_t Rank>
-std::vector<std::size_t> shape_of(const Tensor<T, Rank>& t) {
-  return std::vector<std::size_t>(t.shape().begin(), t.shape().end());
-}
-
-/// Resizes `m` to `rows x cols`; reallocates only when the shape changes.
+/// Throws ShapeError naming `who` unless `x` has at least one dimension and its last is `cols`
+/// (a layer over the last dimension: `[*, cols]`).
 template <class T>
-void ensure_shape(Batch<T>& m, std::size_t rows, std::size_t cols) {
-  if (m.shape(0) != rows || m.shape(1) != cols) m.resize({rows, cols});
-}
-
-/// Adapts external memory as a non-owning 2-D view (no copy).
-inline auto view_matrix(float* data, std::size_t rows, std::size_t cols) {
-  return xt::adapt(data, rows * cols, xt::no_ownership(), std::vector<std::size_t>{rows, cols});
+void check_last_dim(const Tensor<T>& x, std::size_t cols, const std::string& who, const char* what = "input") {
+  XTRAIN_CHECK(x.dimension() >= 1 && x.shape().back() == cols, ShapeError, who, ": ", what, " has shape ",
+               x.shape().str(), ", expected [*, ", cols, "]");
 }
 
 }  // namespace xtrain

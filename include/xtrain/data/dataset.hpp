@@ -1,6 +1,6 @@
 #pragma once
 /// \file dataset.hpp
-/// In-memory classification data set, the Dataset concept, and loaders for the two folder layouts
+/// In-memory data sets, the Dataset concept, and loaders for the two folder layouts
 /// the examples accept: Fashion-MNIST/MNIST IDX files and the homework's .npy files.
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -19,59 +20,112 @@
 
 namespace xtrain::data {
 
-/// Dataset: `size()`, `feature_count()`, `num_classes()`, and `gather(indices, x, y)` that fills a
-/// batch (x resized to [indices.size(), feature_count()]) from global sample indices.
+/// Dataset: nested `input_type` and `target_type` (Tensor<float>, Tensor<std::int32_t> for class
+/// ids or token ids, ...), `size()`, and `gather(indices, x, y)` that fills a batch (x and y
+/// resized to [indices.size(), sample shape...]) from global sample indices.
 template <class D>
-concept Dataset = requires(const D& d, std::span<const std::uint32_t> idx, Matrix& x, std::vector<std::int32_t>& y) {
+concept Dataset = requires(const D& d, std::span<const std::uint32_t> idx, typename D::input_type& x,
+                           typename D::target_type& y) {
   { d.size() } -> std::convertible_to<std::size_t>;
-  { d.feature_count() } -> std::convertible_to<std::size_t>;
-  { d.num_classes() } -> std::convertible_to<std::size_t>;
   d.gather(idx, x, y);
 };
 
-/// Features [samples, features] in fp32 and integer labels, held in memory.
-class TensorDataset {
+/// Inputs `[N, ...]` and targets `[N, ...]` held in memory: class ids (TensorDataset), float
+/// targets for regression (RegressionDataset), token ids.
+template <TensorElement Input, TensorElement Target>
+class BasicTensorDataset {
  public:
-  TensorDataset() = default;
-  /// Validates: one label per row, labels in [0, num_classes), finite features. `source` names the
-  /// origin (a file or folder) in error messages.
-  TensorDataset(Matrix features, std::vector<std::int32_t> labels, std::size_t num_classes, std::string source)
-      : x_(std::move(features)), y_(std::move(labels)), classes_(num_classes), source_(std::move(source)) {
-    XTRAIN_CHECK(x_.shape(0) == y_.size(), DataError, source_, ": ", x_.shape(0), " samples but ", y_.size(),
-                 " labels (the image and label files do not match)");
-    for (std::size_t i = 0; i < y_.size(); ++i)
-      XTRAIN_CHECK(y_[i] >= 0 && static_cast<std::size_t>(y_[i]) < classes_, DataError, source_, ": label ", y_[i],
-                   " of sample ", i, " is outside [0, ", classes_, ")");
-    const std::size_t d = x_.shape(1);
-    for (std::size_t i = 0; i < x_.size(); ++i)
-      XTRAIN_CHECK(std::isfinite(x_.data()[i]), DataError, source_, ": sample ", i / d, ", feature ", i % d, " is ",
-                   x_.data()[i], " (features must be finite)");
-  }
+  using input_type = Tensor<Input>;
+  using target_type = Tensor<Target>;
 
-  std::size_t size() const noexcept { return y_.size(); }
-  std::size_t feature_count() const noexcept { return x_.shape(1); }
+  BasicTensorDataset() = default;
+  /// Validates: as many targets as inputs, finite float values, integer targets in
+  /// [0, num_classes) when num_classes > 0. `source` names the origin (a file or folder) in
+  /// error messages.
+  BasicTensorDataset(input_type inputs, target_type targets, std::size_t num_classes, std::string source)
+      : x_(std::move(inputs)), y_(std::move(targets)), classes_(num_classes), source_(std::move(source)) {
+    XTRAIN_CHECK(x_.dimension() >= 1 && y_.dimension() >= 1 && x_.shape(0) == y_.shape(0), DataError, source_, ": ",
+                 x_.dimension() ? x_.shape(0) : 0, " samples but ", y_.dimension() ? y_.shape(0) : 0,
+                 std::is_integral_v<Target> ? " labels (the image and label files do not match)"
+                                            : " targets (the input and target files do not match)");
+    if constexpr (std::is_integral_v<Target>) {
+      if (classes_ > 0)
+        for (std::size_t i = 0; i < y_.size(); ++i)
+          XTRAIN_CHECK(y_[i] >= 0 && static_cast<std::size_t>(y_[i]) < classes_, DataError, source_, ": label ", y_[i],
+                       " of sample ", i / (y_.size() / y_.shape(0)), " is outside [0, ", classes_, ")");
+    } else {
+      check_finite(y_, "target");
+    }
+    if constexpr (std::is_same_v<Input, float>) check_finite(x_, "feature");
+  }
+  /// Classification: features and one label per sample.
+  BasicTensorDataset(input_type inputs, std::vector<Target> labels, std::size_t num_classes, std::string source)
+      : BasicTensorDataset(std::move(inputs), as_tensor(std::move(labels)), num_classes, std::move(source)) {}
+
+  std::size_t size() const noexcept { return x_.dimension() ? x_.shape(0) : 0; }
+  /// The shape of one input sample ([784], or [1, 28, 28] after with_sample_shape).
+  Shape sample_shape() const { return drop_first(x_.shape()); }
+  /// Elements per input sample.
+  std::size_t feature_count() const noexcept { return size() ? x_.size() / size() : 0; }
+  /// Classes of a classification set (0 otherwise).
   std::size_t num_classes() const noexcept { return classes_; }
   const std::string& source() const noexcept { return source_; }
-  const Matrix& features() const noexcept { return x_; }
-  const std::vector<std::int32_t>& labels() const noexcept { return y_; }
+  const input_type& features() const noexcept { return x_; }
+  const target_type& targets() const noexcept { return y_; }
+  std::span<const Target> labels() const noexcept { return {y_.data(), y_.size()}; }
 
-  /// x[i] = features[indices[i]], y[i] = labels[indices[i]]. Reuses x's and y's storage.
-  void gather(std::span<const std::uint32_t> indices, Matrix& x, std::vector<std::int32_t>& y) const {
-    const std::size_t d = x_.shape(1);
-    ensure_shape(x, indices.size(), d);
-    y.resize(indices.size());
-    for (std::size_t i = 0; i < indices.size(); ++i) {
-      std::copy_n(x_.data() + static_cast<std::size_t>(indices[i]) * d, d, x.data() + i * d);
-      y[i] = y_[indices[i]];
-    }
+  /// Views each input sample with `shape` (same element count): Fashion-MNIST's [784] rows as
+  /// [1, 28, 28] images for a convolutional model.
+  BasicTensorDataset& with_sample_shape(const Shape& shape) {
+    XTRAIN_CHECK(shape.elements() == feature_count(), ShapeError, source_, ": samples of ", feature_count(),
+                 " elements cannot be viewed as ", shape.str());
+    std::vector<std::size_t> full{size()};
+    full.insert(full.end(), shape.begin(), shape.end());
+    x_.resize(Shape(full));
+    return *this;
+  }
+
+  /// x[i] = inputs[indices[i]], y[i] = targets[indices[i]]. Reuses x's and y's storage.
+  void gather(std::span<const std::uint32_t> indices, input_type& x, target_type& y) const {
+    gather_rows(x_, indices, x);
+    gather_rows(y_, indices, y);
   }
 
  private:
-  Matrix x_;
-  std::vector<std::int32_t> y_;
+  static target_type as_tensor(std::vector<Target> labels) {
+    const Shape shape{labels.size()};
+    return target_type(shape, std::move(labels));
+  }
+  static Shape drop_first(const Shape& s) { return Shape(std::vector<std::size_t>(s.begin() + 1, s.end())); }
+
+  template <class T>
+  static void gather_rows(const Tensor<T>& from, std::span<const std::uint32_t> indices, Tensor<T>& to) {
+    const std::size_t d = from.shape(0) ? from.size() / from.shape(0) : 0;
+    Shape shape = from.shape();
+    shape[0] = indices.size();
+    to.resize(shape);
+    for (std::size_t i = 0; i < indices.size(); ++i)
+      std::copy_n(from.data() + static_cast<std::size_t>(indices[i]) * d, d, to.data() + i * d);
+  }
+
+  template <class T>
+  void check_finite(const Tensor<T>& t, const char* what) const {
+    const std::size_t d = t.shape(0) ? t.size() / t.shape(0) : 1;
+    for (std::size_t i = 0; i < t.size(); ++i)
+      XTRAIN_CHECK(std::isfinite(t.data()[i]), DataError, source_, ": sample ", i / d, ", ", what, " ", i % d, " is ",
+                   t.data()[i], " (", what, "s must be finite)");
+  }
+
+  input_type x_;
+  target_type y_;
   std::size_t classes_ = 0;
   std::string source_;
 };
+
+/// Classification: fp32 features of any shape, int32 class ids.
+using TensorDataset = BasicTensorDataset<float, std::int32_t>;
+/// Regression: fp32 features and fp32 targets of any shape.
+using RegressionDataset = BasicTensorDataset<float, float>;
 
 /// A training and a test set.
 struct Split {

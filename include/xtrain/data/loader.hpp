@@ -14,12 +14,15 @@
 
 namespace xtrain::data {
 
-/// One rank's batch: features, labels and where they sit in the global batch.
+/// One rank's batch: inputs, targets and where they sit in the global batch.
+template <class Input = Tensor<float>, class Target = Tensor<std::int32_t>>
 struct Batch {
-  const Matrix& x;
-  std::span<const std::int32_t> y;
-  std::size_t global_offset;  ///< position of row 0 in the global batch
+  const Input& x;
+  const Target& y;
+  std::size_t global_offset;  ///< position of sample 0 in the global batch
   std::size_t global_count;   ///< samples in the global batch, all ranks together
+  /// Samples in this rank's batch.
+  std::size_t size() const noexcept { return x.dimension() ? x.shape(0) : 0; }
 };
 
 template <Dataset D>
@@ -33,8 +36,10 @@ class Loader {
   void set_epoch(std::uint64_t epoch) { sampler_.set_epoch(epoch); }
   std::size_t batches() const noexcept { return sampler_.batches(); }
 
+  using batch_type = Batch<typename D::input_type, typename D::target_type>;
+
   /// Gathers batch k of the current epoch. The returned references stay valid until the next call.
-  Batch batch(std::size_t k) {
+  batch_type batch(std::size_t k) {
     const parallel::Shard s = sampler_.shard(k);
     data_->gather(s.indices, x_, y_);
     return {x_, y_, s.global_offset, s.global_count};
@@ -45,8 +50,8 @@ class Loader {
  private:
   const D* data_;
   parallel::GlobalSampler sampler_;
-  Matrix x_;
-  std::vector<std::int32_t> y_;
+  typename D::input_type x_;
+  typename D::target_type y_;
 };
 
 }  // namespace xtrain::data

@@ -1,7 +1,8 @@
 #pragma once
 /// \file activations.hpp
 /// Element-wise activation layers: ReLU, Tanh, Sigmoid, GELU (exact erf or tanh approximation), SiLU,
-/// and Activation, the same layers chosen at run time by name (`--activation gelu`).
+/// and Activation, the same layers chosen at run time by name (`--activation gelu`). They work
+/// element-wise on tensors of any rank.
 
 #include <cstddef>
 #include <string>
@@ -38,9 +39,9 @@ class Activation {
 
   /// y = f(x), stored as x's type (fp32, or bf16/fp16 computed in fp32 and rounded).
   template <ActivationType T>
-  const Batch<T>& forward(Context&, const Batch<T>& x) {
-    Batch<T>& y = y_.get<T>();
-    ensure_shape(y, x.shape(0), x.shape(1));
+  const Tensor<T>& forward(Context&, const Tensor<T>& x) {
+    Tensor<T>& y = y_.get<T>();
+    y.resize(x.shape());
     dispatch([&]<class Op>() { kernels::activation_forward<Op>(x.data(), y.data(), x.size()); });
     x_ = &x;
     x_type_ = activation_type_index<T>;
@@ -48,24 +49,24 @@ class Activation {
   }
 
   template <ActivationType T>
-  const Batch<T>& backward(Context&, const Batch<T>& dy) {
+  const Tensor<T>& backward(Context&, const Tensor<T>& dy) {
     XTRAIN_CHECK(x_ != nullptr, ValueError, describe(), ": backward called before forward");
     XTRAIN_CHECK(x_type_ == activation_type_index<T>, ValueError, describe(), ": backward in ",
                  activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(x_type_));
-    const Batch<T>& y = y_.get<T>();
-    XTRAIN_CHECK(dy.shape() == y.shape(), ShapeError, describe(), ": gradient has shape ", shape_string(shape_of(dy)),
-                 ", expected ", shape_string(shape_of(y)));
-    Batch<T>& dx = dx_.get<T>();
-    ensure_shape(dx, dy.shape(0), dy.shape(1));
+    const Tensor<T>& y = y_.get<T>();
+    XTRAIN_CHECK(dy.shape() == y.shape(), ShapeError, describe(), ": gradient has shape ", dy.shape().str(),
+                 ", expected ", y.shape().str());
+    Tensor<T>& dx = dx_.get<T>();
+    dx.resize(dy.shape());
     dispatch([&]<class Op>() {
-      const T* saved = Op::saves_input ? static_cast<const Batch<T>*>(x_)->data() : y.data();
+      const T* saved = Op::saves_input ? static_cast<const Tensor<T>*>(x_)->data() : y.data();
       kernels::activation_backward<Op>(saved, dy.data(), dx.data(), dy.size());
     });
     return dx;
   }
 
-  template <class F>
-  void visit_params(const std::string&, F&&) {}
+  template <class V>
+  void visit(V&) {}
 
   ActivationKind kind() const noexcept { return kind_; }
   std::string describe() const {
@@ -106,9 +107,9 @@ class Activation {
   }
 
   ActivationKind kind_;
-  const void* x_ = nullptr;  // the Batch<T> of the last forward
+  const void* x_ = nullptr;  // the Tensor<T> of the last forward
   int x_type_ = 0;           // its activation_type_index
-  BatchBuffers y_, dx_;
+  ActivationBuffers y_, dx_;
 };
 
 /// max(x, 0).

@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "xtrain/core/context.hpp"
+#include "xtrain/core/module.hpp"
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/convert.hpp"
-#include "xtrain/parallel/communicator.hpp"
 
 namespace xtrain::layers {
 
@@ -28,8 +28,8 @@ class BatchNorm1d {
       : features_(features),
         weight_({features}),
         bias_({features}),
-        running_mean_(features, 0.0f),
-        running_var_(features, 1.0f),
+        running_mean_(Shape{features}),
+        running_var_(Shape{features}, std::vector<float>(features, 1.0f)),
         mean_(features),
         invstd_(features),
         mean_dy_(features),
@@ -63,7 +63,7 @@ class BatchNorm1d {
   /// Normalises x. With bf16/fp16 activations, x is widened and the statistics, the
   /// normalisation and the saved x-hat are fp32; y is rounded to the activation type.
   template <ActivationType T>
-  const Batch<T>& forward(Context& ctx, const Batch<T>& x) {
+  const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
     if constexpr (std::is_same_v<T, float>)
       return forward_f32(ctx, x, y_);
     else
@@ -72,7 +72,7 @@ class BatchNorm1d {
 
   /// dgamma += sum(dy * xhat), dbeta += sum(dy); dx through the batch statistics when training.
   template <ActivationType T>
-  const Batch<T>& backward(Context& ctx, const Batch<T>& dy) {
+  const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
     if constexpr (std::is_same_v<T, float>)
       return backward_f32(ctx, dy, dx_);
     else
@@ -80,23 +80,20 @@ class BatchNorm1d {
                          [&](const Matrix& dy32, Matrix& dx) -> const Matrix& { return backward_f32(ctx, dy32, dx); });
   }
 
-  template <class F>
-  void visit_params(const std::string& prefix, F&& f) {
-    f(prefix + "weight", weight_);
-    f(prefix + "bias", bias_);
-  }
-  /// Running statistics, named as PyTorch's state_dict.
-  template <class F>
-  void visit_buffers(const std::string& prefix, F&& f) {
-    f(prefix + "running_mean", std::span<float>(running_mean_));
-    f(prefix + "running_var", std::span<float>(running_var_));
-    f(prefix + "num_batches_tracked", num_batches_tracked_);
+  /// weight, bias; the running statistics as buffers, named as PyTorch's state_dict.
+  template <class V>
+  void visit(V& v) {
+    v.param("weight", weight_, ParamKind::norm);
+    v.param("bias", bias_, ParamKind::norm);
+    v.buffer("running_mean", running_mean_);
+    v.buffer("running_var", running_var_);
+    v.buffer("num_batches_tracked", num_batches_tracked_);
   }
 
   Param& weight() noexcept { return weight_; }
   Param& bias() noexcept { return bias_; }
-  std::span<const float> running_mean() const noexcept { return running_mean_; }
-  std::span<const float> running_var() const noexcept { return running_var_; }
+  std::span<const float> running_mean() const noexcept { return {running_mean_.data(), features_}; }
+  std::span<const float> running_var() const noexcept { return {running_var_.data(), features_}; }
   std::int64_t num_batches_tracked() const noexcept { return num_batches_tracked_; }
   std::size_t features() const noexcept { return features_; }
   std::string describe() const { return (sync_ ? "SyncBatchNorm(" : "BatchNorm1d(") + std::to_string(features_) + ")"; }
@@ -106,13 +103,13 @@ class BatchNorm1d {
   // the fp32 output, and rounds that into this layer's output of type T (per thread, not per
   // layer: only x-hat and the 16-bit result stay with the layer).
   template <class T, class F>
-  const Batch<T>& through_f32(const Batch<T>& in, F&& f) {
+  const Tensor<T>& through_f32(const Tensor<T>& in, F&& f) {
     thread_local Matrix in32, out32;
-    ensure_shape(in32, in.shape(0), in.shape(1));
+    in32.resize(in.shape());
     kernels::to_float(in.data(), in32.data(), in.size());
     const Matrix& r = f(in32, out32);
-    Batch<T>& out = out_.get<T>();
-    ensure_shape(out, r.shape(0), r.shape(1));
+    Tensor<T>& out = out_.get<T>();
+    out.resize(r.shape());
     kernels::from_float(r.data(), out.data(), r.size());
     return out;
   }
@@ -120,14 +117,14 @@ class BatchNorm1d {
   // Writes y (fp32); keeps x-hat and the statistics for backward.
   const Matrix& forward_f32(Context& ctx, const Matrix& x, Matrix& y) {
     XTRAIN_CHECK(x.dimension() == 2 && x.shape(1) == features_, ShapeError, describe(), ": input has shape ",
-                 shape_string(shape_of(x)), ", expected [batch, ", features_, "]");
+                 x.shape().str(), ", expected [batch, ", features_, "]");
     const std::size_t n = x.shape(0), c = features_;
-    ensure_shape(xhat_, n, c);
-    ensure_shape(y, n, c);
+    xhat_.resize({n, c});
+    y.resize({n, c});
     training_ = ctx.training;
     if (ctx.training) {
       // Statistics over this rank's rows, or over all ranks' rows (SyncBatchNorm).
-      parallel::Collectives* sync = sync_ ? ctx.collectives : nullptr;
+      Collectives* sync = sync_ ? ctx.collectives : nullptr;
       std::vector<double>& sum = scratch_;  // [sum x (c)] [count] [sum (x - mean)^2 (c)]
       sum.assign(2 * c + 1, 0.0);
       const float* px = x.data();
@@ -138,7 +135,7 @@ class BatchNorm1d {
       const double total = sum[c];
       XTRAIN_CHECK(total > 1, ValueError, describe(),
                    ": expected more than 1 value per channel when training, got input of shape ",
-                   shape_string(shape_of(x)), " (use a batch of 2 or more, or drop_last)");
+                   x.shape().str(), " (use a batch of 2 or more, or drop_last)");
       for (std::size_t j = 0; j < c; ++j) mean_[j] = static_cast<float>(sum[j] / total);
       double* ssd = sum.data() + c + 1;
       for (std::size_t r = 0; r < n; ++r)
@@ -178,7 +175,7 @@ class BatchNorm1d {
   const Matrix& backward_f32(Context& ctx, const Matrix& dy, Matrix& dx) {
     const std::size_t n = xhat_.shape(0), c = features_;
     XTRAIN_CHECK(dy.dimension() == 2 && dy.shape(0) == n && dy.shape(1) == c, ShapeError, describe(),
-                 ": gradient has shape ", shape_string(shape_of(dy)), ", expected [", n, ", ", c, "]");
+                 ": gradient has shape ", dy.shape().str(), ", expected [", n, ", ", c, "]");
     std::vector<double>& sum = scratch_;
     sum.assign(2 * c, 0.0);  // [sum dy, sum dy * xhat]
     const float* pd = dy.data();
@@ -195,10 +192,10 @@ class BatchNorm1d {
       gb[j] += static_cast<float>(sum[j]);
     }
     if (!ctx.input_grad) {
-      ensure_shape(dx, 0, 0);
+      dx.resize({0});
       return dx;
     }
-    ensure_shape(dx, n, c);
+    dx.resize({n, c});
     const float* g = weight_.data();
     float* pdx = dx.data();
     if (training_) {
@@ -222,14 +219,14 @@ class BatchNorm1d {
   std::size_t features_;
   float momentum_ = 0.1f, eps_ = 1e-5f;
   Param weight_, bias_;
-  std::vector<float> running_mean_, running_var_;
+  Tensor<float> running_mean_, running_var_;
   std::int64_t num_batches_tracked_ = 0;
   std::vector<float> mean_, invstd_, mean_dy_, mean_dy_xhat_;
   std::vector<double> scratch_;
   bool training_ = true, sync_ = false, synced_ = false;
   double count_ = 0.0;    // rows the last training statistics came from
   Matrix xhat_, y_, dx_;  // fp32: x-hat (kept for backward), output, input gradient
-  BatchBuffers out_;      // bf16/fp16: output or input gradient
+  ActivationBuffers out_;      // bf16/fp16: output or input gradient
 };
 
 /// BatchNorm1d with statistics over all ranks (PyTorch's SyncBatchNorm).

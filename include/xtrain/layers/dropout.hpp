@@ -2,8 +2,9 @@
 /// \file dropout.hpp
 /// Inverted dropout (Srivastava et al., JMLR 2014): in training, zero each element with
 /// probability p and scale the rest by 1/(1-p); identity in evaluation. The mask of element
-/// (sample s, feature j) at step t is a pure function of (seed, layer, t, s, j) (counter-based),
-/// so it is the same on any number of ranks and after a resume.
+/// (sample s, element j of the sample) at step t is a pure function of (seed, module id, t, s, j)
+/// (counter-based), so it is the same on any number of ranks and after a resume, and two Dropouts
+/// of a model draw different masks (their ids, given when the model is adopted, differ).
 
 #include <algorithm>
 #include <cstddef>
@@ -11,6 +12,7 @@
 #include <type_traits>
 
 #include "xtrain/core/context.hpp"
+#include "xtrain/core/module.hpp"
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/rng.hpp"
@@ -28,18 +30,18 @@ class Dropout {
 
   /// y = x * mask (bf16/fp16: multiplied in fp32 and rounded).
   template <ActivationType T>
-  const Batch<T>& forward(Context& ctx, const Batch<T>& x) {
+  const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
     active_ = ctx.training && p_ > 0.0f;
     if (!active_) return x;
-    const std::size_t rows = x.shape(0), cols = x.shape(1);
-    ensure_shape(mask_, rows, cols);
-    Batch<T>& y = y_.get<T>();
-    ensure_shape(y, rows, cols);
+    const std::size_t n = x.size();
+    const std::size_t per_sample = x.dimension() > 0 && x.shape(0) > 0 ? n / x.shape(0) : 0;
+    mask_.resize(x.shape());
+    Tensor<T>& y = y_.get<T>();
+    y.resize(x.shape());
     const float scale = p_ < 1.0f ? 1.0f / (1.0f - p_) : 0.0f;
-    const std::uint64_t stream = streams::dropout | (static_cast<std::uint64_t>(ctx.layer) << 40) | ctx.step;
-    // Element e of the global batch uses word e % 4 of Philox block e / 4.
-    const std::uint64_t first = static_cast<std::uint64_t>(ctx.sample_offset) * cols;
-    const std::size_t n = rows * cols;
+    const std::uint64_t stream = streams::dropout | (static_cast<std::uint64_t>(id_.value) << 40) | ctx.step;
+    // Element e of the global batch (sample-major) uses word e % 4 of Philox block e / 4.
+    const std::uint64_t first = static_cast<std::uint64_t>(ctx.sample_offset) * per_sample;
     float* m = mask_.data();
     for (std::size_t i = 0; i < n;) {
       const std::uint64_t e = first + i;
@@ -52,18 +54,23 @@ class Dropout {
   }
 
   template <ActivationType T>
-  const Batch<T>& backward(Context&, const Batch<T>& dy) {
+  const Tensor<T>& backward(Context&, const Tensor<T>& dy) {
     if (!active_) return dy;
-    XTRAIN_CHECK(dy.shape() == mask_.shape(), ShapeError, describe(), ": gradient has shape ",
-                 shape_string(shape_of(dy)), ", expected ", shape_string(shape_of(mask_)));
-    Batch<T>& dx = dx_.get<T>();
-    ensure_shape(dx, dy.shape(0), dy.shape(1));
+    XTRAIN_CHECK(dy.shape() == mask_.shape(), ShapeError, describe(), ": gradient has shape ", dy.shape().str(),
+                 ", expected ", mask_.shape().str());
+    Tensor<T>& dx = dx_.get<T>();
+    dx.resize(dy.shape());
     multiply(dy.data(), mask_.data(), dx.data(), dy.size());
     return dx;
   }
 
-  template <class F>
-  void visit_params(const std::string&, F&&) {}
+  /// No parameters; asks for its identity (the key of its random stream).
+  template <class V>
+  void visit(V& v) {
+    v.id(id_);
+  }
+  /// The module id its masks are keyed on (assigned when an engine adopts the model; 0 before).
+  std::uint32_t id() const noexcept { return id_.value; }
 
   float p() const noexcept { return p_; }
   std::string describe() const { return "Dropout(p=" + std::to_string(p_) + ")"; }
@@ -88,8 +95,9 @@ class Dropout {
 
   float p_;
   bool active_ = false;
-  Matrix mask_;
-  BatchBuffers y_, dx_;
+  ModuleId id_;
+  Tensor<float> mask_;
+  ActivationBuffers y_, dx_;
 };
 
 }  // namespace xtrain::layers

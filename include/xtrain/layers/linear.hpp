@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "xtrain/core/context.hpp"
+#include "xtrain/core/module.hpp"
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/rng.hpp"
@@ -39,17 +40,17 @@ class Linear {
     for (float& b : bias_.values()) b = gen.uniform(-bound, bound);
   }
 
-  /// y[N, out] = x[N, in] W^T + b. Requires x.shape(1) == in_features. Keeps a pointer to x for
-  /// backward: x must stay alive and unchanged until then (Sequential guarantees this).
+  /// y[*, out] = x[*, in] W^T + b over the rows of x (any rank: [B, in], [B, T, in], ...).
+  /// Requires x's last dimension == in_features. Keeps a pointer to x for backward: x must stay
+  /// alive and unchanged until then (Sequential guarantees this).
   /// With bf16/fp16 activations the GEMM rounds x and W to that type and accumulates in fp32
   /// (kernels/gemm_lowp.hpp); y is rounded to the activation type.
   template <ActivationType T>
-  const Batch<T>& forward(Context&, const Batch<T>& x) {
-    XTRAIN_CHECK(x.dimension() == 2 && x.shape(1) == in_, ShapeError, describe(), ": input has shape ",
-                 shape_string(shape_of(x)), ", expected [batch, ", in_, "]");
-    const std::size_t n = x.shape(0);
-    Batch<T>& y = y_.get<T>();
-    ensure_shape(y, n, out_);
+  const Tensor<T>& forward(Context&, const Tensor<T>& x) {
+    check_last_dim(x, in_, describe());
+    const std::size_t n = x.rows();
+    Tensor<T>& y = y_.get<T>();
+    y.resize(x.shape().with_back(out_));
     float* acc = accumulator<T>(y, n * out_);
     float beta = 0.0f;
     if (has_bias()) {
@@ -65,14 +66,14 @@ class Linear {
 
   /// dW += dy^T x, db += column sums of dy; dx = dy W when ctx.input_grad (else an empty matrix).
   template <ActivationType T>
-  const Batch<T>& backward(Context& ctx, const Batch<T>& dy) {
+  const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
     XTRAIN_CHECK(x_ != nullptr, ValueError, describe(), ": backward called before forward");
     XTRAIN_CHECK(x_type_ == activation_type_index<T>, ValueError, describe(), ": backward in ",
                  activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(x_type_));
-    const Batch<T>& x = *static_cast<const Batch<T>*>(x_);
-    const std::size_t n = x.shape(0);
-    XTRAIN_CHECK(dy.dimension() == 2 && dy.shape(0) == n && dy.shape(1) == out_, ShapeError, describe(),
-                 ": gradient has shape ", shape_string(shape_of(dy)), ", expected [", n, ", ", out_, "]");
+    const Tensor<T>& x = *static_cast<const Tensor<T>*>(x_);
+    const std::size_t n = x.rows();
+    XTRAIN_CHECK(dy.shape() == x.shape().with_back(out_), ShapeError, describe(), ": gradient has shape ",
+                 dy.shape().str(), ", expected ", x.shape().with_back(out_).str());
     gemm<T>(kernels::Trans::yes, kernels::Trans::no, out_, in_, n, dy.data(), out_, x.data(), in_, 1.0f, weight_.grad(),
             in_);
     if (has_bias()) {
@@ -84,22 +85,22 @@ class Linear {
         kernels::column_sums(dy32.data(), n, out_, bias_.grad(), true);
       }
     }
-    Batch<T>& dx = dx_.get<T>();
+    Tensor<T>& dx = dx_.get<T>();
     if (!ctx.input_grad) {
-      ensure_shape(dx, 0, 0);
+      dx.resize({0});
       return dx;
     }
-    ensure_shape(dx, n, in_);
+    dx.resize(x.shape());
     float* acc = accumulator<T>(dx, n * in_);
     gemm<T>(kernels::Trans::no, kernels::Trans::no, n, in_, out_, dy.data(), out_, weight_.data(), in_, 0.0f, acc, in_);
     if constexpr (!std::is_same_v<T, float>) kernels::from_float(acc, dx.data(), n * in_);
     return dx;
   }
 
-  template <class F>
-  void visit_params(const std::string& prefix, F&& f) {
-    f(prefix + "weight", weight_);
-    if (has_bias()) f(prefix + "bias", bias_);
+  template <class V>
+  void visit(V& v) {
+    v.param("weight", weight_);
+    if (has_bias()) v.param("bias", bias_, ParamKind::bias);
   }
 
   Param& weight() noexcept { return weight_; }
@@ -116,7 +117,7 @@ class Linear {
   // first, shared by all layers of the thread (so the low-precision activations are the only
   // per-layer copies).
   template <class T>
-  static float* accumulator(Batch<T>& out, std::size_t size) {
+  static float* accumulator(Tensor<T>& out, std::size_t size) {
     if constexpr (std::is_same_v<T, float>)
       return out.data();
     else
@@ -139,9 +140,9 @@ class Linear {
 
   std::size_t in_, out_;
   Param weight_, bias_;
-  const void* x_ = nullptr;  // the Batch<T> of the last forward
+  const void* x_ = nullptr;  // the Tensor<T> of the last forward
   int x_type_ = 0;           // its activation_type_index
-  BatchBuffers y_, dx_;
+  ActivationBuffers y_, dx_;
 };
 
 }  // namespace xtrain::layers

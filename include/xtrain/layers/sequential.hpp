@@ -1,50 +1,91 @@
 #pragma once
 /// \file sequential.hpp
 /// Sequential container. `Sequential{Linear{784, 32}, BatchNorm1d{32}, ReLU{}, Linear{32, 10}}`
-/// deduces `Sequential<Linear, BatchNorm1d, ReLU, Linear>`: layer types in the type, sizes at run
-/// time. Parameters are named as PyTorch's nn.Sequential state_dict ("0.weight", "1.running_mean").
+/// deduces `Sequential<Linear, BatchNorm1d, ReLU, Linear>`: module types in the type, sizes at run
+/// time. Children are named by index as in PyTorch's nn.Sequential ("0.weight", "1.running_mean"),
+/// or by name when wrapped in `named("ln_1", module)` (PyTorch's `nn.Sequential(OrderedDict(...))`).
+/// Sequentials nest: `Sequential{Linear{8, 8}, Sequential{ReLU{}, Linear{8, 4}}}` names its
+/// parameters "0.weight", "1.1.weight", ...
 
+#include <array>
 #include <cstddef>
 #include <string>
+#include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "xtrain/core/concepts.hpp"
 #include "xtrain/core/context.hpp"
+#include "xtrain/core/module.hpp"
 #include "xtrain/core/tensor.hpp"
 
 namespace xtrain::layers {
 
+/// A child of a Sequential with a name instead of its index.
+template <class M>
+struct Named {
+  std::string name;
+  M module;
+};
+
+/// `named("attn", CausalSelfAttention{...})`: a Sequential child named "attn".
+template <class M>
+Named<M> named(std::string name, M module) {
+  return {std::move(name), std::move(module)};
+}
+
+namespace detail {
+template <class C>
+struct Unnamed {
+  using type = C;
+};
+template <class M>
+struct Unnamed<Named<M>> {
+  using type = M;
+};
+}  // namespace detail
+
+/// The module type of a Sequential child (Named<M> -> M).
+template <class C>
+using unnamed_t = typename detail::Unnamed<C>::type;
+
 template <class... Layers>
 class Sequential {
-  // In the class body, so it fires when the type is formed, with check_layer's message first.
-  static_assert((check_layer<Layers>() && ...));
-  static_assert(sizeof...(Layers) > 0, "xtrain: Sequential needs at least one layer");
-  static constexpr bool valid = (Layer<Layers> && ...);
+  // In the class body, so it fires when the type is formed, with check_module's message first.
+  static_assert((check_module<unnamed_t<Layers>>() && ...));
+  static_assert(sizeof...(Layers) > 0, "xtrain: Sequential needs at least one module");
+  static constexpr bool valid = (Module<unnamed_t<Layers>> && ...);
+  static constexpr std::size_t count = sizeof...(Layers);
 
  public:
-  explicit Sequential(Layers... layers) : layers_(std::move(layers)...) {}
+  explicit Sequential(Layers... layers) : layers_(std::move(layers)...) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((names_[I] = name_of<I>()), ...);
+    }
+    (std::index_sequence_for<Layers...>{});
+  }
 
-  /// Runs the layers in order, activations stored as T between them (float, or bf16/fp16 under
-  /// MixedPrecision). The returned reference lives in the last layer until its next forward.
-  /// Offered only for the T every layer supports, so that `LayerFor<Sequential<...>, T>` tells
+  /// Runs the modules in order, activations stored as T between them (float, or bf16/fp16 under
+  /// MixedPrecision). The returned reference lives in the last module until its next forward.
+  /// Offered only for the T every module supports, so that `ModuleFor<Sequential<...>, T>` tells
   /// whether the whole model can run with T activations.
   template <ActivationType T>
-  requires(LayerFor<Layers, T>&&...) const Batch<T>& forward(Context& ctx, const Batch<T>& x) {
+  requires(ModuleFor<unnamed_t<Layers>, T>&&...) const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
     if constexpr (valid)
       return forward_from<0>(ctx, x);
     else
       return x;
   }
 
-  /// Runs the layers' backward in reverse order. Layer 0 produces dx only if `ctx.input_grad`
-  /// (the Trainer clears it: nothing needs the gradient of the data). After each layer,
-  /// `ctx.grads_ready` (if set) is told that layer's parameter gradients are final.
+  /// Runs the modules' backward in reverse order (through xtrain::backward, which reports each
+  /// module's parameters ready). The first module produces dx only if `ctx.input_grad` (the
+  /// engine clears it: nothing needs the gradient of the data).
   template <ActivationType T>
-  requires(LayerFor<Layers, T>&&...) const Batch<T>& backward(Context& ctx, const Batch<T>& dy) {
+  requires(ModuleFor<unnamed_t<Layers>, T>&&...) const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
     if constexpr (valid) {
       const bool want_input_grad = ctx.input_grad;
-      const Batch<T>& dx = backward_from<sizeof...(Layers) - 1>(ctx, dy, want_input_grad);
+      const Tensor<T>& dx = backward_from<count - 1>(ctx, dy, want_input_grad);
       ctx.input_grad = want_input_grad;
       return dx;
     } else {
@@ -52,72 +93,75 @@ class Sequential {
     }
   }
 
-  /// Calls f(name, Param&) for every parameter, layer by layer, names prefixed by the layer index.
-  template <class F>
-  void visit_params(const std::string& prefix, F&& f) {
-    visit_each([&]<std::size_t I>(auto& layer) { layer.visit_params(prefix + std::to_string(I) + ".", f); });
-  }
-
-  /// Calls f(name, span<float>) / f(name, int64_t&) for every buffer of the layers that have some.
-  template <class F>
-  void visit_buffers(const std::string& prefix, F&& f) {
-    visit_each([&]<std::size_t I>(auto& layer) {
-      if constexpr (HasBuffers<std::remove_cvref_t<decltype(layer)>>)
-        layer.visit_buffers(prefix + std::to_string(I) + ".", f);
-    });
-  }
-
-  /// The I-th layer.
-  template <std::size_t I>
-  auto& get() noexcept {
-    return std::get<I>(layers_);
-  }
-  static constexpr std::size_t size() noexcept { return sizeof...(Layers); }
-
-  /// A PyTorch-like listing of the layers.
-  std::string describe() const {
-    std::string s = "Sequential(\n";
-    std::size_t i = 0;
-    std::apply(
-        [&](const auto&... layer) { ((s += "  (" + std::to_string(i++) + "): " + describe_layer(layer) + "\n"), ...); },
-        layers_);
-    return s + ")";
-  }
-
- private:
-  template <class L>
-  static std::string describe_layer(const L& layer) {
-    if constexpr (requires { layer.describe(); })
-      return layer.describe();
-    else
-      return "(layer)";
-  }
-
-  template <class F>
-  void visit_each(F&& f) {
+  /// Reports the children, named by index or by their `named(...)` name.
+  template <class V>
+  void visit(V& v) {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (f.template operator()<I>(std::get<I>(layers_)), ...);
+      (v.child(names_[I], get<I>()), ...);
     }
     (std::index_sequence_for<Layers...>{});
   }
 
+  /// The I-th module.
+  template <std::size_t I>
+  auto& get() noexcept {
+    auto& c = std::get<I>(layers_);
+    if constexpr (requires { c.module; })
+      return c.module;
+    else
+      return c;
+  }
+  template <std::size_t I>
+  const auto& get() const noexcept {
+    return const_cast<Sequential*>(this)->get<I>();
+  }
+  static constexpr std::size_t size() noexcept { return count; }
+
+  /// A PyTorch-like listing of the modules (nested ones indented).
+  std::string describe() const {
+    std::string s = "Sequential(\n";
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((s += "  (" + names_[I] + "): " + indent(describe_module(get<I>())) + "\n"), ...);
+    }
+    (std::index_sequence_for<Layers...>{});
+    return s + ")";
+  }
+
+ private:
+  template <std::size_t I>
+  std::string name_of() const {
+    if constexpr (requires { std::get<I>(layers_).name; })
+      return std::get<I>(layers_).name;
+    else
+      return std::to_string(I);
+  }
+
+  template <class L>
+  static std::string describe_module(const L& layer) {
+    if constexpr (requires { layer.describe(); })
+      return layer.describe();
+    else
+      return "(module)";
+  }
+  static std::string indent(std::string s) {
+    for (std::size_t i = 0; (i = s.find('\n', i)) != std::string::npos; i += 3) s.insert(i + 1, "  ");
+    return s;
+  }
+
   template <std::size_t I, class T>
-  const Batch<T>& forward_from(Context& ctx, const Batch<T>& x) {
-    if constexpr (I == sizeof...(Layers)) {
+  const Tensor<T>& forward_from(Context& ctx, const Tensor<T>& x) {
+    if constexpr (I == count) {
       return x;
     } else {
-      ctx.layer = I;
-      const Batch<T>& y = std::get<I>(layers_).forward(ctx, x);
+      const Tensor<T>& y = xtrain::forward(ctx, get<I>(), x);
       return forward_from<I + 1>(ctx, y);
     }
   }
 
   template <std::size_t I, class T>
-  const Batch<T>& backward_from(Context& ctx, const Batch<T>& dy, bool want_input_grad) {
-    ctx.layer = I;
+  const Tensor<T>& backward_from(Context& ctx, const Tensor<T>& dy, bool want_input_grad) {
     ctx.input_grad = I == 0 ? want_input_grad : true;
-    const Batch<T>& dx = std::get<I>(layers_).backward(ctx, dy);
-    if (ctx.grads_ready) ctx.grads_ready(ctx.grads_ready_user, I);
+    const Tensor<T>& dx = xtrain::backward(ctx, get<I>(), dy);
     if constexpr (I == 0)
       return dx;
     else
@@ -125,6 +169,7 @@ class Sequential {
   }
 
   std::tuple<Layers...> layers_;
+  std::array<std::string, count> names_;
 };
 
 template <class... Layers>

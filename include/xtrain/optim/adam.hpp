@@ -70,11 +70,11 @@ class AdamBase {
     const float step_size = static_cast<float>(info.lr / bias_correction1);
     const float bc2_sqrt = static_cast<float>(bias_correction2_sqrt);
     const float b1 = beta1_, b2 = beta2_, c1 = 1.0f - beta1_, c2 = 1.0f - beta2_, eps = eps_;
-    const float wd = weight_decay_, decay = 1.0f - info.lr * weight_decay_;
+    const float wd = weight_decay_ * info.weight_decay_scale, decay = 1.0f - info.lr * wd;
     float* p = params.data();
     const float* g = grads.data();
-    float* m = state.exp_avg.data();
-    float* v = state.exp_avg_sq.data();
+    float* m = state.exp_avg.data() + info.state_offset;
+    float* v = state.exp_avg_sq.data() + info.state_offset;
     const std::size_t n = params.size();
     std::size_t i = 0;
     for (; i + w <= n; i += w) {

@@ -61,12 +61,13 @@ class SGD {
     const std::size_t n = params.size();
     float* p = params.data();
     const float* g = grads.data();
-    float* buf = state.momentum_buffer.data();
-    const float lr = info.lr, wd = weight_decay_, mom = momentum_, damp = 1.0f - dampening_;
+    float* buf = state.momentum_buffer.data() + info.state_offset;
+    const bool started = info.step > 1;  // PyTorch: the buffer is None before the first step
+    const float lr = info.lr, wd = weight_decay_ * info.weight_decay_scale, mom = momentum_, damp = 1.0f - dampening_;
     for (std::size_t i = 0; i < n; ++i) {
       float d = wd != 0.0f ? g[i] + wd * p[i] : g[i];
       if (mom != 0.0f) {
-        buf[i] = state.started ? buf[i] * mom + damp * d : d;
+        buf[i] = started ? buf[i] * mom + damp * d : d;
         d = nesterov_ ? d + mom * buf[i] : buf[i];
       }
       p[i] -= lr * d;

@@ -1,29 +1,26 @@
 #pragma once
 /// \file buckets.hpp
-/// Gradient buckets (as PyTorch DDP): contiguous slices of the flat gradient buffer, formed in
-/// reverse layer order. Backward reports each finished layer; a bucket whose layers are all done
-/// starts its non-blocking allreduce at once, overlapping communication with the rest of
-/// backward. A small model is one bucket: one collective per step.
+/// Gradient buckets (as PyTorch DDP): contiguous slices of the flat gradient buffer, formed from
+/// the last parameter backwards. Backward reports each parameter use whose gradient is final
+/// (xtrain::backward does, per module); a bucket counts its pending uses (DDP's reducer does the
+/// same) and, once none is left, starts its non-blocking allreduce, overlapping communication
+/// with the rest of backward. A small model is one bucket: one collective per step.
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstddef>
 #include <cstdlib>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "xtrain/core/error.hpp"
+
 #include "xtrain/core/param_arena.hpp"
 #include "xtrain/parallel/communicator.hpp"
 
 namespace xtrain::parallel {
-
-/// The layer index a parameter belongs to: the first component of its name ("3.weight" -> 3);
-/// 0 when the name does not start with a number (a model that is a single layer).
-inline std::size_t layer_of(const std::string& name) {
-  char* end = nullptr;
-  const unsigned long v = std::strtoul(name.c_str(), &end, 10);
-  return end != name.c_str() && *end == '.' ? v : 0;
-}
 
 /// Communication time of the gradient reductions, accumulated over steps.
 struct CommStats {
@@ -38,7 +35,8 @@ class GradientBuckets {
  public:
   struct Bucket {
     std::size_t begin = 0, end = 0;  ///< slice of the flat gradient buffer
-    std::size_t first_layer = 0;     ///< lowest layer index with parameters in the bucket
+    std::size_t first_slot = 0, last_slot = 0;  ///< arena entries [first_slot, last_slot] in the bucket
+    std::size_t uses = 0;                       ///< parameter uses to report before it can start
     bool started = false;
     typename C::Request request{};
   };
@@ -48,43 +46,66 @@ class GradientBuckets {
   /// Requires bucket_bytes > 0. Buckets hold whole parameters: a bucket is closed before the
   /// next parameter would take it past bucket_bytes, so the last layers' gradients are not held
   /// back by a large first layer; a parameter larger than bucket_bytes gets a bucket of its own.
-  GradientBuckets(const ParamArena& arena, std::size_t bucket_bytes) {
+  GradientBuckets(const ParamArena& arena, std::size_t bucket_bytes) : arena_(&arena) {
     const auto& entries = arena.entries();
     const std::size_t limit = bucket_bytes / sizeof(float);
+    slot_bucket_.assign(entries.size(), 0);
+    reported_.assign(entries.size(), 0);
     Bucket current;
     current.begin = current.end = arena.size();
+    current.last_slot = entries.empty() ? 0 : entries.size() - 1;
     for (std::size_t i = entries.size(); i-- > 0;) {
       const ParamEntry& e = entries[i];
       if (current.end > current.begin && current.end - e.offset > limit) {  // e would overflow it
         buckets_.push_back(current);
         current = Bucket{};
         current.begin = current.end = buckets_.back().begin;
+        current.last_slot = i;
       }
       current.begin = i == 0 ? 0 : e.offset;
-      current.first_layer = layer_of(e.name);
+      current.first_slot = i;
+      current.uses += e.uses();
+      slot_bucket_[i] = buckets_.size();
     }
     buckets_.push_back(current);
+    pending_.assign(buckets_.size(), 0);
   }
 
   const std::vector<Bucket>& buckets() const noexcept { return buckets_; }
 
-  /// Layer `layer` has finished backward: start every bucket whose layers are all done, and
-  /// progress the ones in flight. After layer 0 nothing is left to overlap with: finish() takes
-  /// the remaining buckets on the faster blocking path.
-  void layer_done(C& comm, std::span<float> grads, std::size_t layer) {
-    if (layer == 0 || compressed(comm)) return;  // compressed reductions are blocking: all in finish()
-    for (auto& b : buckets_) {
-      if (b.started) {
-        comm.test(b.request);
-        continue;
-      }
-      if (b.first_layer < layer) break;  // buckets start in order
-      start(comm, grads, b);
-    }
+  /// Starts counting a backward whose buckets will be reduced: every bucket waits for all the
+  /// uses of its parameters.
+  void begin_backward() {
+    for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].uses;
+    std::fill(reported_.begin(), reported_.end(), 0);
+    next_ = 0;
+    complete_ = 0;
+  }
+
+  /// The gradient of one use of arena slot `slot` is final. A bucket with no pending use left
+  /// starts (buckets start in order, as every rank must start its collectives in the same order),
+  /// unless it is the last to complete: backward is then over, and finish() takes the faster
+  /// blocking path. Throws ValueError naming the parameter when a slot is reported more often
+  /// than it is used.
+  void ready(C& comm, std::span<float> grads, std::uint32_t slot) {
+    const ParamEntry& e = arena_->entries().at(slot);
+    XTRAIN_CHECK(++reported_[slot] <= e.uses(), ValueError, "parameter '", e.name, "' was reported ready ",
+                 reported_[slot], " times in one backward but is used ", e.uses(),
+                 " time(s) (does a container run a child's backward twice?)");
+    const std::size_t b = slot_bucket_[slot];
+    if (--pending_[b] != 0) return;
+    if (++complete_ == buckets_.size() || compressed(comm)) return;  // compressed reductions: all in finish()
+    for (auto& bucket : buckets_)
+      if (bucket.started) comm.test(bucket.request);
+    while (next_ < buckets_.size() && pending_[next_] == 0 && complete_ < buckets_.size()) start(comm, grads, buckets_[next_++]);
   }
 
   /// Starts what has not started and waits for everything: the gradients are then summed.
+  /// Throws ValueError naming a parameter whose gradient was never reported ready (its bucket
+  /// would otherwise be reduced before or without it).
   void finish(C& comm, std::span<float> grads) {
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      if (pending_[b] != 0) missing(b);
     const auto now = std::chrono::steady_clock::now();
     if (any_started_) stats_.overlap_seconds += std::chrono::duration<double>(now - first_start_).count();
     // Buckets not started yet have nothing left to overlap with: reduce them with the blocking
@@ -125,6 +146,18 @@ class GradientBuckets {
       return false;
   }
 
+  [[noreturn]] void missing(std::size_t b) const {
+    const auto& entries = arena_->entries();
+    for (std::size_t i = buckets_[b].first_slot; i <= buckets_[b].last_slot; ++i)
+      if (reported_[i] < entries[i].uses())
+        throw ValueError("gradient bucket " + std::to_string(b) + " never completed: parameter '" + entries[i].name +
+                         "' was reported ready " + std::to_string(reported_[i]) + " of " +
+                         std::to_string(entries[i].uses()) +
+                         " time(s) in this backward (a container must run its children's backward through "
+                         "xtrain::backward, and every parameter must take part in the step)");
+    throw ValueError("gradient bucket " + std::to_string(b) + " never completed");
+  }
+
   void start(C& comm, std::span<float> grads, Bucket& b) {
     if (!any_started_) first_start_ = std::chrono::steady_clock::now();
     any_started_ = true;
@@ -133,7 +166,10 @@ class GradientBuckets {
     ++stats_.collectives;
   }
 
+  const ParamArena* arena_ = nullptr;
   std::vector<Bucket> buckets_;
+  std::vector<std::size_t> slot_bucket_, reported_, pending_;
+  std::size_t next_ = 0, complete_ = 0;
   CommStats stats_;
   bool any_started_ = false;
   std::chrono::steady_clock::time_point first_start_{};

@@ -8,6 +8,8 @@
 #include <span>
 #include <string>
 
+#include "xtrain/core/context.hpp"
+
 namespace xtrain::parallel {
 
 /// Gradients on the wire: fp32 (none), or rounded to bf16/fp16 (half the bytes) and summed in
@@ -91,14 +93,7 @@ concept Communicator = requires(C& c, std::span<float> f, std::span<double> d, s
   c.allgather_blocks(f, "name");
 };
 
-/// What a layer may ask of the communicator during forward/backward (type-erased: layers are not
-/// templates on the communicator). Null in Context when running on one process.
-struct Collectives {
-  virtual ~Collectives() = default;
-  virtual std::size_t size() const = 0;
-  /// In-place sum over ranks.
-  virtual void allreduce_sum(std::span<double> values, const char* name) = 0;
-};
+using xtrain::Collectives;
 
 /// Adapts any Communicator to Collectives.
 template <Communicator C>

@@ -13,6 +13,7 @@
 
 #include "xtrain/core/concepts.hpp"
 #include "xtrain/core/context.hpp"
+#include "xtrain/core/module.hpp"
 #include "xtrain/core/rng.hpp"
 #include "xtrain/core/tensor.hpp"
 
@@ -62,8 +63,9 @@ void compare_gradients(const std::string& name, float* values, const float* anal
 }
 }  // namespace detail
 
-/// Checks d/dx and every parameter's gradient of `layer` at `x`.
-template <Layer L>
+/// Checks d/dx and every parameter's gradient of `layer` (any Module: a layer or a whole nested
+/// model) at `x` (any shape the module accepts). A tied parameter is checked once per name.
+template <Module L>
 GradcheckResult gradcheck(L& layer, Matrix x, const GradcheckOptions& options = {}) {
   Context ctx;
   ctx.training = options.training;
@@ -72,7 +74,7 @@ GradcheckResult gradcheck(L& layer, Matrix x, const GradcheckOptions& options = 
   Matrix r;
   {
     const Matrix& y = layer.forward(ctx, x);
-    r.resize({y.shape(0), y.shape(1)});
+    r.resize(y.shape());
     Generator gen(options.seed, streams::user);
     for (float& v : r) v = gen.uniform(-1.0f, 1.0f);
   }
@@ -83,7 +85,7 @@ GradcheckResult gradcheck(L& layer, Matrix x, const GradcheckOptions& options = 
     return s;
   };
   // Analytic gradients.
-  layer.visit_params(std::string{}, [](const std::string&, Param& p) {
+  visit_parameters(layer, [](const std::string&, Param& p, ParamKind) {
     for (float& g : p.grads()) g = 0.0f;
   });
   layer.forward(ctx, x);
@@ -92,7 +94,7 @@ GradcheckResult gradcheck(L& layer, Matrix x, const GradcheckOptions& options = 
   GradcheckResult result;
   std::ostringstream report;
   detail::compare_gradients("input", x.data(), dx.data(), x.size(), objective, options, result, report);
-  layer.visit_params(std::string{}, [&](const std::string& name, Param& p) {
+  visit_parameters(layer, [&](const std::string& name, Param& p, ParamKind) {
     const std::vector<float> analytic(p.grads().begin(), p.grads().end());
     detail::compare_gradients(name, p.data(), analytic.data(), p.size(), objective, options, result, report);
   });
@@ -105,7 +107,7 @@ template <class Function>
 GradcheckResult gradcheck_function(Function&& f, Matrix x, const Matrix& analytic,
                                    const GradcheckOptions& options = {}) {
   XTRAIN_CHECK(analytic.shape() == x.shape(), ShapeError, "gradcheck_function: gradient of shape ",
-               shape_string(shape_of(analytic)), " for x of shape ", shape_string(shape_of(x)));
+               analytic.shape().str(), " for x of shape ", x.shape().str());
   GradcheckResult result;
   std::ostringstream report;
   detail::compare_gradients(

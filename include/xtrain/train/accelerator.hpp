@@ -48,6 +48,11 @@ class AcceleratorOptions {
     engine_.bucket_bytes = v;
     return *this;
   }
+  /// Parameter groups (learning-rate / weight-decay multipliers by rule), as TrainerOptions.
+  AcceleratorOptions& param_groups(std::vector<optim::ParamGroup> groups) {
+    engine_.param_groups = std::move(groups);
+    return *this;
+  }
   /// Seed of the data order and dropout. Default 42.
   AcceleratorOptions& seed(std::uint64_t v) {
     engine_.seed = v;
@@ -87,12 +92,12 @@ class Accelerator {
 
   /// The model and optimizer, data-parallel: parameters in one arena, rank 0's initial values on
   /// every rank (after a check that all ranks built the same model), gradient buckets.
-  template <class Model, class Optimizer>
-  requires Layer<Model> && xtrain::Optimizer<Optimizer> Engine<Model, Optimizer, Communicator, PrecisionPolicy> prepare(
-      Model model, Optimizer optimizer) {
+  template <class Model, class Optimizer, class Loss = loss::CrossEntropyLoss>
+  requires Module<Model> && xtrain::Optimizer<Optimizer> Engine<Model, Optimizer, Communicator, PrecisionPolicy, Loss>
+  prepare(Model model, Optimizer optimizer, Loss loss = {}) {
     EngineOptions e = options_.engine();
-    return Engine<Model, Optimizer, Communicator, PrecisionPolicy>(std::move(model), std::move(optimizer), duplicate(),
-                                                                   e);
+    return Engine<Model, Optimizer, Communicator, PrecisionPolicy, Loss>(std::move(model), std::move(optimizer),
+                                                                         duplicate(), e, std::move(loss));
   }
 
   /// A loader over the global permutation of `data`, this rank's shard of each global batch of
@@ -111,14 +116,16 @@ class Accelerator {
   }
 
   /// What to divide the summed loss by: the global batch times the accumulation steps, so the
-  /// reduced gradient is that of the mean over everything the optimizer step covers.
-  double loss_normalizer(const data::Batch& batch) const {
+  /// reduced gradient is that of the mean over everything the optimizer step covers (a loss of
+  /// one term per sample; for tokens or elements use the engine's loss_normalizer(y, count)).
+  template <class Batch>
+  double loss_normalizer(const Batch& batch) const {
     return static_cast<double>(batch.global_count) * static_cast<double>(options_.engine().accumulate);
   }
 
   /// Backward from d(loss)/d(logits); when `sync`, the gradients are summed over ranks on return.
   template <class E>
-  void backward(E& engine, const Matrix& dlogits, bool sync) {
+  void backward(E& engine, const Tensor<float>& dlogits, bool sync) {
     engine.backward(dlogits, sync);
   }
 

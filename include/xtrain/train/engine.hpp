@@ -19,16 +19,20 @@
 #include "xtrain/checkpoint/state.hpp"
 #include "xtrain/core/concepts.hpp"
 #include "xtrain/core/context.hpp"
+#include "xtrain/core/module.hpp"
 #include "xtrain/core/param_arena.hpp"
-#include "xtrain/kernels/convert.hpp"
 #include "xtrain/loss/cross_entropy.hpp"
+#include "xtrain/loss/loss.hpp"
 #include "xtrain/optim/clip.hpp"
+#include "xtrain/optim/param_groups.hpp"
 #include "xtrain/optim/schedule.hpp"
 #include "xtrain/parallel/buckets.hpp"
 #include "xtrain/parallel/communicator.hpp"
-#include "xtrain/parallel/tree_sum.hpp"
+#include "xtrain/precision/cast.hpp"
 #include "xtrain/precision/policy.hpp"
+#include "xtrain/train/deterministic.hpp"
 #include "xtrain/train/metrics.hpp"
+#include "xtrain/train/sharded_step.hpp"
 
 namespace xtrain {
 
@@ -46,31 +50,40 @@ struct EngineOptions {
   optim::LrSchedule schedule = optim::LrSchedule::constant();
   float loss_scale = 65536.0f;                      ///< initial dynamic loss scale (fp16 only)
   std::uint64_t loss_scale_growth_interval = 2000;  ///< clean steps before the scale doubles (fp16 only)
+  std::vector<optim::ParamGroup> param_groups;      ///< lr / weight-decay multipliers by rule (first match)
 };
 
-template <class Model, class Optimizer, parallel::Communicator Communicator, Precision PrecisionPolicy = FullPrecision>
+template <class Model, class Optimizer, parallel::Communicator Communicator, Precision PrecisionPolicy = FullPrecision,
+          class Loss = loss::CrossEntropyLoss>
 class Engine {
-  /// The type activations are stored in between layers.
+  /// The type activations are stored in between modules.
   using act_t = typename PrecisionPolicy::storage_type;
-  static_assert(check_layer_for<Model, act_t>());
+  static_assert(check_module_for<Model, act_t>());
+  static_assert(loss::check_loss<Loss>());
 
  public:
+  using target_type = typename Loss::target_type;
+
   /// Takes the model, moves its parameters into one arena, checks that every rank built the same
   /// model (names and shapes), and broadcasts rank 0's parameters and buffers.
-  Engine(Model model, Optimizer optimizer, Communicator communicator, EngineOptions options)
+  Engine(Model model, Optimizer optimizer, Communicator communicator, EngineOptions options, Loss loss = {})
       : model_(std::move(model)),
         optimizer_(std::move(optimizer)),
         comm_(std::move(communicator)),
         options_(std::move(options)),
+        ids_((assign_module_ids(model_), 0)),
         arena_(model_, options_.shard_optimizer ? comm_.size() * ParamArena::alignment : ParamArena::alignment),
         shard_(options_.shard_optimizer && comm_.size() > 1),
         block_(arena_.size() / (shard_ ? comm_.size() : 1)),
         state_(optimizer_.init(block_)),
         buckets_(arena_, options_.bucket_bytes),
         collectives_(comm_),
+        loss_(std::move(loss)),
         scaler_(options_.loss_scale, 2.0f, 0.5f, options_.loss_scale_growth_interval) {
     XTRAIN_CHECK(options_.accumulate > 0, ValueError, "accumulate must be at least 1");
-    if (options_.deterministic_chunk) check_deterministic_layout();
+    if (options_.deterministic_chunk)
+      DeterministicReduction::check_layout(options_.deterministic_chunk, options_.global_batch, comm_.size());
+    assign_groups();
     XTRAIN_CHECK(!(shard_ && options_.deterministic_chunk), ValueError,
                  "shard_optimizer and the deterministic reduction cannot be combined");
     synchronize();
@@ -89,22 +102,23 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  /// One micro-batch: this rank's rows `x`, `y` of a global batch of `global_count` samples whose
-  /// row 0 is sample `global_offset` of it. The loss is normalised by global_count * accumulate.
-  /// On the last micro-step of the window (or when `force_sync`) the gradients are reduced and
-  /// the optimizer steps.
-  StepResult micro_step(const Matrix& x, std::span<const std::int32_t> y, std::size_t global_offset,
-                        std::size_t global_count, bool force_sync = false) {
+  /// One micro-batch: this rank's inputs `x` and targets `y` of a global batch of `global_count`
+  /// samples whose sample 0 is sample `global_offset` of it. The loss is normalised by the count
+  /// of terms in the global batch (samples, tokens, elements) times the accumulation steps. On the
+  /// last micro-step of the window (or when `force_sync`) the gradients are reduced and the
+  /// optimizer steps.
+  template <class Input>
+  StepResult micro_step(const Input& x, const target_type& y, std::size_t global_offset, std::size_t global_count,
+                        bool force_sync = false) {
     const bool sync = force_sync || micro_ + 1 == options_.accumulate;
-    const double normalizer = static_cast<double>(global_count) * static_cast<double>(options_.accumulate);
+    const double normalizer = loss_normalizer(y, global_count);
     float loss = 0.0f;
     if (options_.deterministic_chunk) {
       loss = deterministic_micro_step(x, y, micro_samples_ + global_offset, normalizer);
-      if (sync) deterministic_reduce();
+      if (sync) deterministic_.reduce(comm_, arena_.grads());
     } else {
       loss = loss_.forward(forward(x, global_offset), y, normalizer);
-      loss_sum_ = loss_.sum();
-      correct_ = loss_.correct();
+      record_metrics(y);
       backward(loss_.backward(), sync);
     }
     StepResult r{step_, loss, current_lr(), micro_samples_ + global_count};
@@ -113,11 +127,26 @@ class Engine {
     return r;
   }
 
-  /// Forward of a training micro-step (train mode). `global_offset` is the position of row 0 in
-  /// this micro-step's global batch; positions count across the accumulation window, so k
+  /// What the loss of a micro-step with targets `y` is divided by: the terms (samples, tokens not
+  /// ignored, elements) of the global batch of `global_count` samples, times the accumulation
+  /// steps. A loss whose count depends on the data (an ignore index) has it all-reduced.
+  double loss_normalizer(const target_type& y, std::size_t global_count) {
+    const std::size_t per_sample = loss_.terms_per_sample(y);
+    double terms = static_cast<double>(global_count) * static_cast<double>(per_sample);
+    if (per_sample == 0) {
+      terms = static_cast<double>(loss_.count(y));
+      comm_.allreduce_sum(std::span<double>(&terms, 1), "loss normaliser");
+    }
+    return terms * static_cast<double>(options_.accumulate);
+  }
+
+  /// Forward of a training micro-step (train mode). `global_offset` is the position of sample 0
+  /// in this micro-step's global batch; positions count across the accumulation window, so k
   /// micro-batches of B draw the dropout masks one batch of k * B would. Zeroes the gradients at
-  /// the start of a window. The result lives in the model until its next forward.
-  const Matrix& forward(const Matrix& x, std::size_t global_offset) {
+  /// the start of a window. Returns the output in fp32; it lives in the model or the engine until
+  /// the next forward.
+  template <class Input>
+  const Tensor<float>& forward(const Input& x, std::size_t global_offset) {
     XTRAIN_CHECK(!options_.deterministic_chunk, ValueError,
                  "the deterministic reduction needs Engine::micro_step (it computes chunk by chunk)");
     if (micro_ == 0) arena_.zero_grad();
@@ -126,20 +155,23 @@ class Engine {
     return run_forward(ctx_, x);
   }
 
-  /// Forward in `ctx`'s mode (evaluation, prediction): fp32 rows in, fp32 logits out, whatever
-  /// the precision policy stores in between. The result lives in the engine or the model until
-  /// the next forward.
-  const Matrix& predict(Context& ctx, const Matrix& x) { return run_forward(ctx, x); }
+  /// Forward in `ctx`'s mode (evaluation, prediction): the output in fp32, whatever the precision
+  /// policy stores in between. It lives in the engine or the model until the next forward.
+  template <class Input>
+  const Tensor<float>& predict(Context& ctx, const Input& x) {
+    return run_forward(ctx, x);
+  }
 
   /// Backward of the last forward from d(loss)/d(logits), adding into the gradients. When `sync`
   /// (last micro-step of the window) the buckets' allreduces start during backward and are
   /// complete on return: the gradients are then summed over ranks (clip them now if you wish).
-  void backward(const Matrix& dlogits, bool sync) {
+  void backward(const Tensor<float>& dlogits, bool sync) {
     ctx_.input_grad = false;                                  // nothing needs the gradient of the data
     const bool reduce = sync && comm_.size() > 1 && !shard_;  // sharded: reduce-scattered in step()
     if (reduce) {
-      ctx_.grads_ready = &Engine::on_layer_done;
+      ctx_.grads_ready = &Engine::on_param_ready;
       ctx_.grads_ready_user = this;
+      buckets_.begin_backward();
     }
     run_backward(ctx_, dlogits);
     if (reduce) buckets_.finish(comm_, arena_.grads());
@@ -167,7 +199,7 @@ class Engine {
     }
     if (options_.clip_norm > 0) optim::clip_grad_norm(arena_.grads(), options_.clip_norm);
     if (options_.clip_value > 0) optim::clip_grad_value(arena_.grads(), options_.clip_value);
-    optimizer_.step(arena_.values(), arena_.grads(), state_, StepInfo{lr, optimizer_steps()});
+    optimizer_step(0, arena_.size(), lr);
     return true;
   }
 
@@ -197,6 +229,9 @@ class Engine {
     progress.loss_scale = PrecisionPolicy::uses_loss_scaling ? scaler_.scale() : 0.0f;
     progress.loss_scale_tracker = scaler_.growth_tracker();
     progress.skipped_steps = scaler_.skipped_steps();
+    progress.groups = groups_;
+    progress.param_group.clear();
+    for (const auto& e : arena_.entries()) progress.param_group.push_back(e.group);
     std::string error;
     with_full_optimizer_state([&](typename Optimizer::State& state) {
       if (comm_.rank() == 0) try {
@@ -230,6 +265,7 @@ class Engine {
     const checkpoint::Progress p =
         checkpoint::decode<Model, Optimizer>(payload.substr(2), path, model_, arena_, state, schedule, objects);
     set_full_optimizer_state(std::move(state));
+    restore_groups(p, path);
     // The loss scaler continues where it was (fp16 to fp16); a run that did not scale starts at
     // the configured scale. Skipped steps count either way: the schedule position depends on them.
     scaler_.restore(p.loss_scale > 0.0f && PrecisionPolicy::uses_loss_scaling ? p.loss_scale : options_.loss_scale,
@@ -243,36 +279,15 @@ class Engine {
   template <class F>
   void with_full_optimizer_state(F&& f) {
     if (!shard_) return f(state_);
-    typename Optimizer::State full = state_;
-    std::vector<AlignedVector*> blocks, fulls;
-    Optimizer::visit_state(state_, [&](AlignedVector& v) { blocks.push_back(&v); });
-    Optimizer::visit_state(full, [&](AlignedVector& v) { fulls.push_back(&v); });
-    AlignedVector gathered(arena_.size());
-    for (std::size_t i = 0; i < blocks.size(); ++i) {
-      std::copy(blocks[i]->begin(), blocks[i]->end(), gathered.begin() + static_cast<std::ptrdiff_t>(offset()));
-      comm_.allgather_blocks(gathered, "gather optimizer state");
-      fulls[i]->assign(gathered.begin(), gathered.begin() + static_cast<std::ptrdiff_t>(arena_.natural_size()));
-    }
+    typename Optimizer::State full =
+        sharding::gather_state<Optimizer>(comm_, state_, offset(), arena_.size(), arena_.natural_size());
     f(full);
   }
 
   /// Installs an optimizer state in the natural layout (from a checkpoint); each rank keeps its
   /// block when sharded.
   void set_full_optimizer_state(typename Optimizer::State full) {
-    if (!shard_) {
-      state_ = std::move(full);
-      return;
-    }
-    typename Optimizer::State mine = full;
-    std::vector<AlignedVector*> fulls, blocks;
-    Optimizer::visit_state(full, [&](AlignedVector& v) { fulls.push_back(&v); });
-    Optimizer::visit_state(mine, [&](AlignedVector& v) { blocks.push_back(&v); });
-    for (std::size_t i = 0; i < fulls.size(); ++i) {
-      fulls[i]->resize(arena_.size(), 0.0f);  // natural -> padded
-      blocks[i]->assign(fulls[i]->begin() + static_cast<std::ptrdiff_t>(offset()),
-                        fulls[i]->begin() + static_cast<std::ptrdiff_t>(offset() + block_));
-    }
-    state_ = std::move(mine);
+    state_ = shard_ ? sharding::take_block<Optimizer>(std::move(full), offset(), block_, arena_.size()) : std::move(full);
   }
 
   /// Whether the next micro-step ends the accumulation window.
@@ -305,9 +320,9 @@ class Engine {
   /// evaluation and saving (ranks' per-rank statistics differ otherwise).
   void broadcast_buffers() {
     if (comm_.size() == 1) return;
-    model_visit_buffers([&](const std::string&, auto&& buffer) {
-      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, std::span<float>>) {
-        comm_.broadcast(buffer, "broadcast buffers");
+    xtrain::visit_buffers(model_, [&](const std::string&, auto&& buffer) {
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, Tensor<float>>) {
+        comm_.broadcast(std::span<float>(buffer.data(), buffer.size()), "broadcast buffers");
       } else {
         double v = static_cast<double>(buffer);
         comm_.broadcast(std::span<double>(&v, 1), "broadcast buffers");
@@ -332,26 +347,26 @@ class Engine {
   ParamArena& params() noexcept { return arena_; }
   Communicator& communicator() noexcept { return comm_; }
   const EngineOptions& options() const noexcept { return options_; }
-  loss::CrossEntropyLoss& loss() noexcept { return loss_; }
-  /// Sum of per-sample losses and correct predictions of the last micro-step (this rank).
+  Loss& loss() noexcept { return loss_; }
+  /// Sum of per-term losses, correct predictions (classification) and terms of the last
+  /// micro-step (this rank).
   double last_loss_sum() const noexcept { return loss_sum_; }
   std::size_t last_correct() const noexcept { return correct_; }
+  std::size_t last_terms() const noexcept { return terms_; }
+  /// The parameter groups: the default one (index 0) and those of the options, with the
+  /// multipliers in force (a checkpoint's, after load_state).
+  const std::vector<optim::GroupScales>& param_groups() const noexcept { return groups_; }
   std::uint64_t step() const noexcept { return step_; }
   const parallel::CommStats& comm_stats() const noexcept { return buckets_.stats(); }
   void reset_comm_stats() noexcept { buckets_.reset_stats(); }
   std::size_t bucket_count() const noexcept { return buckets_.buckets().size(); }
 
  private:
-  template <class F>
-  void model_visit_buffers(F&& f) {
-    if constexpr (HasBuffers<Model>) model_.visit_buffers(std::string{}, f);
-  }
-
   std::size_t offset() const noexcept { return shard_ ? comm_.rank() * block_ : 0; }
 
-  // ZeRO stage 1 (Rajbhandari et al., arXiv:1910.02054): reduce-scatter the gradients, clip with
-  // the global norm, step this rank's block of parameters with its block of optimizer state,
-  // all-gather the parameters. Each rank does 1/N of the optimizer's work and holds 1/N of its state.
+  // ZeRO stage 1 (sharded_step.hpp): reduce-scatter the gradients, clip with the global norm,
+  // step this rank's block of parameters with its block of optimizer state, all-gather the
+  // parameters. Each rank does 1/N of the optimizer's work and holds 1/N of its state.
   bool sharded_step(float lr) {
     auto start = std::chrono::steady_clock::now();
     comm_.reduce_scatter_sum(arena_.grads(), "gradient reduce-scatter");
@@ -366,16 +381,9 @@ class Engine {
         return false;
       }
     }
-    if (options_.clip_norm > 0) {
-      double sq = 0.0;
-      for (float g : grads) sq += static_cast<double>(g) * g;
-      comm_.allreduce_sum(std::span<double>(&sq, 1), "gradient norm");
-      const double coef = options_.clip_norm / (std::sqrt(sq) + 1e-6);
-      if (coef < 1.0)
-        for (float& g : grads) g = static_cast<float>(g * coef);
-    }
+    if (options_.clip_norm > 0) sharding::clip_grad_norm(comm_, grads, options_.clip_norm);
     if (options_.clip_value > 0) optim::clip_grad_value(grads, options_.clip_value);
-    optimizer_.step(arena_.values().subspan(offset(), block_), grads, state_, StepInfo{lr, optimizer_steps()});
+    optimizer_step(offset(), offset() + block_, lr);
     start = std::chrono::steady_clock::now();
     comm_.allgather_blocks(arena_.values(), "parameter all-gather");
     waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -383,99 +391,128 @@ class Engine {
     return true;
   }
 
-  // fp32 rows in, fp32 logits out; activations in between as the policy's storage type.
-  const Matrix& run_forward(Context& ctx, const Matrix& x) {
-    if constexpr (std::is_same_v<act_t, float>) {
-      return model_.forward(ctx, x);
-    } else {
-      ensure_shape(x_lp_, x.shape(0), x.shape(1));
-      kernels::from_float(x.data(), x_lp_.data(), x.size());
-      const Batch<act_t>& out = model_.forward(ctx, x_lp_);
-      ensure_shape(logits_, out.shape(0), out.shape(1));
-      kernels::to_float(out.data(), logits_.data(), out.size());
-      return logits_;
+  // One fused optimizer pass per group segment over the arena range [begin, end) (this rank's
+  // block when sharded: its optimizer state starts at `begin`).
+  void optimizer_step(std::size_t begin, std::size_t end, float lr) {
+    for (const optim::GroupSegment& seg : segments_) {
+      const std::size_t b = std::max(seg.begin, begin), e = std::min(seg.end, end);
+      if (b >= e) continue;
+      const optim::GroupScales& g = groups_[seg.group];
+      optimizer_.step(arena_.values().subspan(b, e - b), arena_.grads().subspan(b, e - b), state_,
+                      StepInfo{lr * g.lr_scale, optimizer_steps(), b - begin, g.weight_decay_scale});
     }
   }
 
-  // d(loss)/d(logits) in fp32; multiplied by the loss scale (fp16) and rounded to the storage type.
-  void run_backward(Context& ctx, const Matrix& dlogits) {
-    if constexpr (std::is_same_v<act_t, float>) {
-      model_.backward(ctx, dlogits);
-    } else {
-      ensure_shape(dlogits_lp_, dlogits.shape(0), dlogits.shape(1));
-      if constexpr (PrecisionPolicy::uses_loss_scaling) {
-        scaled_.resize(dlogits.size());
-        const float s = scaler_.scale();
-        for (std::size_t i = 0; i < dlogits.size(); ++i) scaled_[i] = dlogits.data()[i] * s;
-        kernels::from_float(scaled_.data(), dlogits_lp_.data(), dlogits.size());
-      } else {
-        kernels::from_float(dlogits.data(), dlogits_lp_.data(), dlogits.size());
-      }
-      model_.backward(ctx, dlogits_lp_);
+  // Each parameter's group (first matching rule, else the default group 0), and the runs of
+  // consecutive parameters of one group (the whole arena when there is one group).
+  void assign_groups() {
+    groups_.assign(1, optim::GroupScales{});
+    for (const auto& g : options_.param_groups) groups_.push_back({g.name(), g.lr_scale(), g.weight_decay_scale()});
+    const auto& entries = arena_.entries();
+    for (std::size_t i = 0; i < entries.size(); ++i)
+      for (std::size_t k = 0; k < options_.param_groups.size(); ++k)
+        if (options_.param_groups[k].matches({entries[i].name, entries[i].shape, entries[i].kind})) {
+          arena_.set_group(i, k + 1);
+          break;
+        }
+    segments_.clear();
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      const std::size_t begin = segments_.empty() ? 0 : entries[i].offset;
+      if (segments_.empty() || segments_.back().group != entries[i].group)
+        segments_.push_back({begin, arena_.size(), entries[i].group});
+      if (segments_.size() > 1) segments_[segments_.size() - 2].end = segments_.back().begin;
     }
+    if (segments_.empty()) segments_.push_back({0, arena_.size(), 0});
   }
 
-  static void on_layer_done(void* self, std::size_t layer) {
+  // A checkpoint's groups must have the same members; their saved multipliers win (as PyTorch's
+  // optimizer.load_state_dict restores its param_groups' hyper-parameters).
+  void restore_groups(const checkpoint::Progress& p, const std::string& path) {
+    const auto& entries = arena_.entries();
+    auto group_name = [](const std::vector<optim::GroupScales>& g, std::size_t i) {
+      return i < g.size() ? g[i].name : "#" + std::to_string(i);
+    };
+    for (std::size_t i = 0; i < entries.size() && i < p.param_group.size(); ++i)
+      XTRAIN_CHECK(group_name(p.groups, p.param_group[i]) == group_name(groups_, entries[i].group),
+                   checkpoint::CheckpointError, path, ": parameter '", entries[i].name, "' is in group '",
+                   group_name(p.groups, p.param_group[i]), "' in the checkpoint but in '",
+                   group_name(groups_, entries[i].group), "' in this run (use the same param_groups)");
+    for (auto& g : groups_)
+      for (const auto& saved : p.groups)
+        if (saved.name == g.name) g = saved;
+  }
+
+  // The model's input in the policy's storage type, its output in fp32.
+  template <class Input>
+  const Tensor<float>& run_forward(Context& ctx, const Input& x) {
+    return cast_.output(xtrain::forward(ctx, model_, cast_.input(x)));
+  }
+
+  // d(loss)/d(output) in fp32; multiplied by the loss scale (fp16) and rounded to the storage
+  // type. The root's own parameters (a model that is one module) are reported after it.
+  void run_backward(Context& ctx, const Tensor<float>& dlogits) {
+    const float scale = PrecisionPolicy::uses_loss_scaling ? scaler_.scale() : 1.0f;
+    xtrain::backward(ctx, model_, cast_.gradient(dlogits, scale));
+  }
+
+  void record_metrics(const target_type& y) {
+    loss_sum_ = loss_.sum();
+    if constexpr (loss::HasAccuracy<Loss>) correct_ = loss_.correct();
+    terms_ = loss_.count(y);
+  }
+
+  static void on_param_ready(void* self, std::uint32_t slot) {
     auto* e = static_cast<Engine*>(self);
-    e->buckets_.layer_done(e->comm_, e->arena_.grads(), layer);
+    e->buckets_.ready(e->comm_, e->arena_.grads(), slot);
   }
 
   // Deterministic mode: the gradient of every chunk of `chunk` samples of the global batch is
-  // computed alone; this rank's chunks are summed in a balanced tree, the ranks' subtree roots
-  // are gathered and combined in the same tree. The arithmetic is the same on any rank count.
-  float deterministic_micro_step(const Matrix& x, std::span<const std::int32_t> y, std::size_t offset,
-                                 double normalizer) {
-    const std::size_t chunk = options_.deterministic_chunk, rows = y.size(), d = x.shape(1);
+  // computed alone and pushed into the tree sum (deterministic.hpp).
+  template <class Input>
+  float deterministic_micro_step(const Input& x, const target_type& y, std::size_t offset, double normalizer) {
+    const std::size_t chunk = options_.deterministic_chunk, rows = x.dimension() ? x.shape(0) : 0;
     const std::size_t chunks = options_.global_batch / chunk / comm_.size();
     double loss = 0.0;
     loss_sum_ = 0.0;
     correct_ = 0;
+    terms_ = 0;
     for (std::size_t j = 0; j < chunks; ++j) {
       arena_.zero_grad();
       const std::size_t begin = std::min(j * chunk, rows), end = std::min(begin + chunk, rows);
       if (end > begin) {
-        ensure_shape(chunk_x_, end - begin, d);
-        std::copy_n(x.data() + begin * d, (end - begin) * d, chunk_x_.data());
         Context ctx = context(true);
         ctx.sample_offset = offset + begin;
-        loss += loss_.forward(run_forward(ctx, chunk_x_), y.subspan(begin, end - begin), normalizer);
+        const target_type& cy = rows_of(y, begin, end, chunk_y_);
+        loss += loss_.forward(run_forward(ctx, rows_of(x, begin, end, chunk_input<typename Input::value_type>())), cy, normalizer);
         loss_sum_ += loss_.sum();
-        correct_ += loss_.correct();
+        if constexpr (loss::HasAccuracy<Loss>) correct_ += loss_.correct();
+        terms_ += loss_.count(cy);
         ctx.input_grad = false;
         run_backward(ctx, loss_.backward());
       }
-      tree_.push(arena_.grads());
+      deterministic_.push(arena_.grads());
     }
-    pending_.resize((micro_ + 1) * arena_.size());
-    tree_.result(std::span<float>(pending_).subspan(micro_ * arena_.size(), arena_.size()));
+    deterministic_.end_micro_step(micro_, arena_.size());
     return static_cast<float>(loss);
   }
 
-  void deterministic_reduce() {
-    const std::size_t n = arena_.size(), micro = pending_.size() / n, w = comm_.size();
-    gathered_.resize(pending_.size() * w);
-    comm_.allgather(pending_, gathered_, "deterministic gradient gather");
-    auto grads = arena_.grads();
-    std::fill(grads.begin(), grads.end(), 0.0f);
-    root_.resize(n);
-    for (std::size_t m = 0; m < micro; ++m) {  // ranks in a balanced tree, then micro-steps in order
-      for (std::size_t r = 0; r < w; ++r) tree_.push(std::span<const float>(gathered_).subspan((r * micro + m) * n, n));
-      tree_.result(root_);
-      for (std::size_t i = 0; i < n; ++i) grads[i] += root_[i];
-    }
-    pending_.clear();
+  template <class T>
+  Tensor<T>& chunk_input() {
+    if constexpr (std::is_same_v<T, float>)
+      return chunk_x_f32_;
+    else
+      return chunk_x_i32_;
   }
 
-  void check_deterministic_layout() const {
-    const std::size_t c = options_.deterministic_chunk, g = options_.global_batch, w = comm_.size();
-    XTRAIN_CHECK(g > 0 && g % c == 0, ValueError, "deterministic reduction: the global batch ", g,
-                 " must be a multiple of the chunk size ", c);
-    const std::size_t chunks = g / c;
-    XTRAIN_CHECK(chunks % w == 0 && ((chunks / w) & (chunks / w - 1)) == 0 && (w & (w - 1)) == 0, ValueError,
-                 "deterministic reduction: ", chunks, " chunks of ", c,
-                 " samples cannot be split into equal power-of-two "
-                 "halves over ",
-                 w, " ranks (use a power-of-two rank count and global batch / chunk)");
+  // Samples [begin, end) of `t` copied into `out`.
+  template <class T>
+  static const Tensor<T>& rows_of(const Tensor<T>& t, std::size_t begin, std::size_t end, Tensor<T>& out) {
+    const std::size_t per = t.shape(0) ? t.size() / t.shape(0) : 0;
+    Shape s = t.shape();
+    s[0] = end - begin;
+    out.resize(s);
+    std::copy_n(t.data() + begin * per, (end - begin) * per, out.data());
+    return out;
   }
 
   /// Every rank must have built the same model; then rank 0's parameters and buffers win.
@@ -514,27 +551,27 @@ class Engine {
   Optimizer optimizer_;
   Communicator comm_;
   EngineOptions options_;
+  int ids_;  // (module ids are assigned before the arena adopts the model)
   ParamArena arena_;
   bool shard_;
   std::size_t block_;  // optimizer-state elements on this rank
   typename Optimizer::State state_;
   parallel::GradientBuckets<Communicator> buckets_;
   parallel::CollectivesOf<Communicator> collectives_;
-  loss::CrossEntropyLoss loss_;
+  Loss loss_;
   double loss_sum_ = 0.0;
-  std::size_t correct_ = 0;
+  std::size_t correct_ = 0, terms_ = 0;
   std::uint64_t step_ = 0;
   std::size_t micro_ = 0, micro_samples_ = 0;
-  // deterministic mode
-  parallel::TreeSum tree_;
-  AlignedVector pending_, gathered_, root_;
-  Matrix chunk_x_;
+  std::vector<optim::GroupScales> groups_;
+  std::vector<optim::GroupSegment> segments_;
+  DeterministicReduction deterministic_;
+  Tensor<float> chunk_x_f32_;
+  Tensor<std::int32_t> chunk_x_i32_;
+  typename Loss::target_type chunk_y_;
   Context ctx_;  // of the micro-step in flight (forward to backward)
-  // mixed precision
   DynamicLossScaler scaler_;
-  Batch<act_t> x_lp_, dlogits_lp_;
-  Matrix logits_;
-  std::vector<float> scaled_;
+  PrecisionCast<PrecisionPolicy> cast_;
   bool unscaled_ = false, found_inf_ = false;
 };
 

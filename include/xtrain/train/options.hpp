@@ -5,8 +5,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "xtrain/core/error.hpp"
+#include "xtrain/optim/param_groups.hpp"
 #include "xtrain/optim/schedule.hpp"
 
 namespace xtrain {
@@ -119,6 +122,13 @@ class TrainerOptions {
     loss_scale_growth_interval_ = growth_interval;
     return *this;
   }
+  /// Parameter groups: learning-rate and weight-decay multipliers for the parameters each rule
+  /// selects (first match; the rest are the default group), e.g.
+  /// `{optim::ParamGroup::no_weight_decay()}` for AdamW without decay on biases and norms.
+  TrainerOptions& param_groups(std::vector<optim::ParamGroup> groups) {
+    param_groups_ = std::move(groups);
+    return *this;
+  }
   /// Print one line per epoch (and a progress bar on a terminal). Default true.
   TrainerOptions& verbose(bool v) {
     verbose_ = v;
@@ -145,6 +155,7 @@ class TrainerOptions {
   std::size_t total_limit() const noexcept { return total_limit_; }
   float loss_scale() const noexcept { return loss_scale_; }
   std::uint64_t loss_scale_growth_interval() const noexcept { return loss_scale_growth_interval_; }
+  const std::vector<optim::ParamGroup>& param_groups() const noexcept { return param_groups_; }
 
  private:
   std::size_t batch_size_ = 32, epochs_ = 10, eval_batch_size_ = 1024;
@@ -159,6 +170,7 @@ class TrainerOptions {
   std::uint64_t seed_ = 42;
   bool shuffle_ = true, drop_last_ = false, verbose_ = true;
   optim::LrSchedule schedule_ = optim::LrSchedule::constant();
+  std::vector<optim::ParamGroup> param_groups_;
 };
 
 }  // namespace xtrain

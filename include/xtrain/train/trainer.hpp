@@ -1,7 +1,8 @@
 #pragma once
 /// \file trainer.hpp
-/// Trainer<Model, Optimizer, Precision, Communicator, Backend>: the training loop of a
-/// classification model with cross-entropy loss, on one process or data-parallel over ranks.
+/// Trainer<Model, Optimizer, Precision, Communicator, Backend, Loss>: the training loop, on one
+/// process or data-parallel over ranks. The loss is a policy (CrossEntropyLoss by default; MSELoss
+/// for regression, or any type modelling loss::Loss); the data sets' target type is the loss's.
 /// Policies are template parameters; sizes, options and callbacks are run-time values.
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "xtrain/core/concepts.hpp"
 #include "xtrain/data/dataset.hpp"
 #include "xtrain/data/loader.hpp"
+#include "xtrain/loss/loss.hpp"
 #include "xtrain/parallel/communicator.hpp"
 #include "xtrain/parallel/single_process.hpp"
 #include "xtrain/precision/policy.hpp"
@@ -33,9 +36,10 @@
 namespace xtrain {
 
 template <class Model, class Optimizer, class PrecisionPolicy = FullPrecision,
-          class Communicator = parallel::SingleProcess, class Backend = backend::Cpu>
+          class Communicator = parallel::SingleProcess, class Backend = backend::Cpu, class Loss = loss::CrossEntropyLoss>
 class Trainer {
-  static_assert(check_layer<Model>());
+  static_assert(check_module<Model>());
+  static_assert(loss::check_loss<Loss>());
   static_assert(check_optimizer<Optimizer>());
   static_assert(Precision<PrecisionPolicy>,
                 "xtrain: the third Trainer parameter is not a Precision policy (FullPrecision, ...)");
@@ -46,13 +50,16 @@ class Trainer {
  public:
   using model_type = Model;
   using optimizer_type = Optimizer;
+  using loss_type = Loss;
+  using target_type = typename Loss::target_type;
 
   /// Takes the model and moves its parameters into one flat arena. On several ranks this is a
   /// collective: every rank must construct its Trainer; rank 0's initial parameters win.
-  Trainer(Model model, Optimizer optimizer, TrainerOptions options = {}, Communicator communicator = {})
+  Trainer(Model model, Optimizer optimizer, TrainerOptions options = {}, Communicator communicator = {}, Loss loss = {})
       : options_(std::move(options)),
         world_(communicator.size()),
-        engine_(std::move(model), std::move(optimizer), std::move(communicator), engine_options(options_, world_)) {}
+        engine_(std::move(model), std::move(optimizer), std::move(communicator), engine_options(options_, world_),
+                std::move(loss)) {}
 
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -63,6 +70,9 @@ class Trainer {
   /// Trains for options().epochs() epochs, evaluating on `test` after each; returns the metrics.
   template <data::Dataset Train, data::Dataset Test, class... Callbacks>
   History fit(const Train& train, const Test& test, Callbacks&&... callbacks) {
+    static_assert(std::is_same_v<typename Train::target_type, target_type>,
+                  "xtrain: the training set's target_type is not the loss's target_type (CrossEntropyLoss takes "
+                  "Tensor<std::int32_t> class ids, MSELoss Tensor<float>)");
     stop_requested_ = false;
     data::Loader<Train> loader(train, global_batch_size(), options_.seed(), options_.shuffle(), options_.drop_last(),
                                rank(), world_, options_.deterministic());
@@ -77,19 +87,20 @@ class Trainer {
       engine_.reset_comm_stats();
       train::ProgressBar bar(options_.verbose() && is_main_process());
       const std::string label = "Epoch [" + std::to_string(epoch) + "/" + std::to_string(epochs) + "]";
-      double* sums = epoch_sums_;  // loss sum, correct, samples (this rank; resumed ones on rank 0)
+      double* sums = epoch_sums_;  // loss sum, correct, terms, samples (this rank; resumed ones on rank 0)
       const auto start = clock::now();
       const std::size_t batches = loader.batches();
       XTRAIN_CHECK(batch_in_epoch_ <= batches, ValueError, "resumed at batch ", batch_in_epoch_, " of an epoch of ",
                    batches, " (another data set than the checkpoint's?)");
       for (std::size_t k = batch_in_epoch_; k < batches; ++k) {  // a resumed epoch skips in O(1)
-        const data::Batch batch = loader.batch(k);
+        const auto batch = loader.batch(k);
         const std::uint64_t before = engine_.step();
         [[maybe_unused]] StepResult r =
             engine_.micro_step(batch.x, batch.y, batch.global_offset, batch.global_count, k + 1 == batches);
         sums[0] += engine_.last_loss_sum();
         sums[1] += static_cast<double>(engine_.last_correct());
-        sums[2] += static_cast<double>(batch.y.size());
+        sums[2] += static_cast<double>(engine_.last_terms());
+        sums[3] += static_cast<double>(batch.size());
         batch_in_epoch_ = k + 1;
         if (engine_.step() != before) (callbacks::on_step_end(callbacks, *this, r), ...);
         if (bar.active()) {
@@ -103,15 +114,15 @@ class Trainer {
       const auto& stats = engine_.comm_stats();
       m.comm_wait_seconds = stats.waiting_seconds;
       m.comm_overlap_seconds = stats.overlap_seconds;
-      communicator().allreduce_sum(std::span<double>(sums, 3), "epoch training metrics");
+      communicator().allreduce_sum(std::span<double>(sums, 4), "epoch training metrics");
       m.epoch = epoch;
       m.epochs = epochs;
-      m.train = {sums[0] / sums[2], 100.0 * sums[1] / sums[2], static_cast<std::size_t>(sums[2])};
-      m.samples_per_second = sums[2] / m.seconds;
+      m.train = metrics_from(sums);
+      m.samples_per_second = sums[3] / m.seconds;
       m.test = evaluate(test);
       ++epoch_;
       batch_in_epoch_ = 0;
-      std::fill(epoch_sums_, epoch_sums_ + 3, 0.0);
+      std::fill(epoch_sums_, epoch_sums_ + 4, 0.0);
       if (options_.verbose()) print_epoch(m);
       history.epochs.push_back(m);
       (callbacks::on_epoch_end(callbacks, *this, m), ...);
@@ -121,33 +132,44 @@ class Trainer {
     return history;
   }
 
-  /// Loss and accuracy over every sample of `data` (eval mode; each sample counted exactly once
-  /// over all ranks; rank 0's BatchNorm statistics are used on every rank).
+  /// Loss (and accuracy, for classification) over every sample of `data` (eval mode; each sample
+  /// counted exactly once over all ranks; rank 0's BatchNorm statistics are used on every rank).
   template <data::Dataset D>
   EvalResult evaluate(const D& data) {
+    static_assert(std::is_same_v<typename D::target_type, target_type>,
+                  "xtrain: the data set's target_type is not the loss's target_type");
     engine_.broadcast_buffers();
     data::Loader<D> loader(data, options_.eval_batch_size() * world_, 0, false, false, rank(), world_);
     Context ctx = engine_.context(false);
     auto& loss = engine_.loss();
-    double sums[3] = {0.0, 0.0, 0.0};
+    double sums[4] = {0.0, 0.0, 0.0, 0.0};
     for (std::size_t k = 0; k < loader.batches(); ++k) {
-      const data::Batch batch = loader.batch(k);
-      if (batch.y.empty()) continue;
-      loss.forward(engine_.predict(ctx, batch.x), batch.y);
+      const auto batch = loader.batch(k);
+      if (batch.size() == 0) continue;
+      loss.forward(engine_.predict(ctx, batch.x), batch.y, 1.0);
       sums[0] += loss.sum();
-      sums[1] += static_cast<double>(loss.correct());
-      sums[2] += static_cast<double>(batch.y.size());
+      if constexpr (loss::HasAccuracy<Loss>) sums[1] += static_cast<double>(loss.correct());
+      sums[2] += static_cast<double>(loss.count(batch.y));
+      sums[3] += static_cast<double>(batch.size());
     }
     communicator().allreduce_sum(std::span<double>(sums), "evaluation metrics");
-    if (sums[2] == 0.0) return {};
-    return {sums[0] / sums[2], 100.0 * sums[1] / sums[2], static_cast<std::size_t>(sums[2])};
+    return metrics_from(sums);
   }
 
-  /// One optimizer step (or micro-step when accumulating) on this rank's rows `x`, `y` of a global
-  /// batch of `global_count` samples whose row 0 is sample `global_offset` of it.
-  StepResult train_step(const Matrix& x, std::span<const std::int32_t> y, std::size_t global_offset,
-                        std::size_t global_count) {
+  /// One optimizer step (or micro-step when accumulating) on this rank's inputs `x` and targets
+  /// `y` of a global batch of `global_count` samples whose sample 0 is sample `global_offset` of it.
+  template <class Input>
+  StepResult train_step(const Input& x, const target_type& y, std::size_t global_offset, std::size_t global_count) {
     return engine_.micro_step(x, y, global_offset, global_count);
+  }
+  /// The same with one class id per sample (CrossEntropyLoss).
+  StepResult train_step(const Tensor<float>& x, std::span<const std::int32_t> labels, std::size_t global_offset,
+                        std::size_t global_count)
+  requires std::is_same_v<target_type, Tensor<std::int32_t>>
+  {
+    labels_.resize({labels.size()});
+    std::copy(labels.begin(), labels.end(), labels_.data());
+    return engine_.micro_step(x, labels_, global_offset, global_count);
   }
 
   /// Saves the whole training state to `dir`/state.xtrain (atomically). Collective: every rank
@@ -157,8 +179,8 @@ class Trainer {
     p.epoch = epoch_;
     p.samples_in_epoch = batch_in_epoch_ * global_batch_size();
     p.global_batch = global_batch_size();
-    std::copy(epoch_sums_, epoch_sums_ + 3, p.epoch_sums);
-    communicator().allreduce_sum(std::span<double>(p.epoch_sums, 3), "checkpoint metric sums");
+    std::copy(epoch_sums_, epoch_sums_ + 4, p.epoch_sums);
+    communicator().allreduce_sum(std::span<double>(p.epoch_sums, 4), "checkpoint metric sums");
     engine_.save_state(dir, p, registered_);
   }
 
@@ -173,8 +195,8 @@ class Trainer {
     options_.seed(p.data_seed).schedule(engine_.options().schedule);
     epoch_ = p.epoch;
     batch_in_epoch_ = p.samples_in_epoch / global_batch_size();
-    std::fill(epoch_sums_, epoch_sums_ + 3, 0.0);
-    if (is_main_process()) std::copy(p.epoch_sums, p.epoch_sums + 3, epoch_sums_);
+    std::fill(epoch_sums_, epoch_sums_ + 4, 0.0);
+    if (is_main_process()) std::copy(p.epoch_sums, p.epoch_sums + 4, epoch_sums_);
   }
 
   /// Saves to project_dir/checkpoints/checkpoint_N (N one more than the newest), written as
@@ -288,6 +310,10 @@ class Trainer {
   float current_lr() const { return engine_.current_lr(); }
   /// The dynamic loss scaler (in use under MixedPrecision<fp16> only).
   const DynamicLossScaler& loss_scaler() const noexcept { return engine_.loss_scaler(); }
+  /// The loss policy (its settings, its last forward).
+  Loss& loss() noexcept { return engine_.loss(); }
+  /// The parameter groups with the multipliers in force (the default group first).
+  const std::vector<optim::GroupScales>& param_groups() const noexcept { return engine_.param_groups(); }
   /// Completed epochs.
   std::uint64_t epoch() const noexcept { return epoch_; }
   /// Time spent on gradient reductions since the start of the epoch (or the last reset).
@@ -318,13 +344,27 @@ class Trainer {
     e.schedule = o.schedule();
     e.loss_scale = o.loss_scale();
     e.loss_scale_growth_interval = o.loss_scale_growth_interval();
+    e.param_groups = o.param_groups();
     XTRAIN_CHECK(e.global_batch >= world, ValueError, "global batch ", e.global_batch, " is smaller than the ", world,
                  " ranks: every rank needs at least one sample per step");
     return e;
   }
 
+  // [loss sum, correct, terms, samples] -> mean loss per term, accuracy, samples.
+  static EvalResult metrics_from(const double* sums) {
+    if (sums[3] == 0.0) return {0.0, 0.0, 0, loss::HasAccuracy<Loss>};
+    const double terms = sums[2] > 0.0 ? sums[2] : 1.0;
+    return {sums[0] / terms, 100.0 * sums[1] / terms, static_cast<std::size_t>(sums[3]), loss::HasAccuracy<Loss>};
+  }
+
   void print_epoch(const EpochMetrics& m) {
     if (!is_main_process()) return;
+    if constexpr (!loss::HasAccuracy<Loss>) {
+      std::printf("Epoch [%zu/%zu], Train Loss: %.6f, Test Loss: %.6f, Time: %.2fs, %.0f samples/s\n", m.epoch,
+                  m.epochs, m.train.loss, m.test.loss, m.seconds, m.samples_per_second);
+      std::fflush(stdout);
+      return;
+    }
     std::printf(
         "Epoch [%zu/%zu], Train Loss: %.4f, Train Accuracy: %.2f%%, Test Loss: %.4f, Test Accuracy: %.2f%%, "
         "Time: %.2fs, %.0f samples/s\n",
@@ -352,10 +392,11 @@ class Trainer {
 
   TrainerOptions options_;
   std::size_t world_;
-  Engine<Model, Optimizer, Communicator, PrecisionPolicy> engine_;
+  Engine<Model, Optimizer, Communicator, PrecisionPolicy, Loss> engine_;
   std::uint64_t epoch_ = 0;
-  std::size_t batch_in_epoch_ = 0;          // next batch of the current epoch
-  double epoch_sums_[3] = {0.0, 0.0, 0.0};  // this rank's running loss sum, correct, samples
+  std::size_t batch_in_epoch_ = 0;     // next batch of the current epoch
+  double epoch_sums_[4] = {0, 0, 0, 0};  // this rank's running loss sum, correct, terms, samples
+  Tensor<std::int32_t> labels_;        // train_step's labels given as a span
   std::vector<checkpoint::Registered> registered_;
   bool stop_requested_ = false;
 };

@@ -1,0 +1,165 @@
+#pragma once
+/// \file module.hpp
+/// How a module shows what it owns, and what containers call on their children.
+///
+/// A module's `visit(v)` reports, in a fixed order:
+///   - `v.param(name, Param&, kind)`  a trainable parameter (kind: weight, bias, norm, embedding);
+///   - `v.buffer(name, Tensor<float>&, persistent)` or `v.buffer(name, std::int64_t&)`  state that
+///     is not trained (BatchNorm's running statistics); non-persistent buffers are not saved;
+///   - `v.child(name, module)`  a child module; names join with '.' as in PyTorch's state_dict
+///     (`blocks.0.attn.qkv.weight`); an empty name makes the child transparent (its names are
+///     the parent's, as Residual does);
+///   - `v.id(ModuleId&)`  asks for this module's identity (the pre-order index of the module in
+///     the model, given when the model is adopted: Dropout keys its random stream on it).
+/// Visitors below: names (`visit_parameters`, `visit_buffers`), identities (`assign_module_ids`),
+/// and readiness (`xtrain::backward`, which reports a module's own parameters once its backward
+/// has added their gradients).
+
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "xtrain/core/context.hpp"
+#include "xtrain/core/param.hpp"
+#include "xtrain/core/tensor.hpp"
+
+namespace xtrain {
+
+/// A module's identity: its pre-order index in the adopted model (the root is 0).
+struct ModuleId {
+  std::uint32_t value = 0;
+};
+
+namespace detail {
+/// Stands for any visitor a module's visit() is given (for the Module concept).
+struct VisitorArchetype {
+  void param(std::string_view, Param&, ParamKind = ParamKind::weight) {}
+  void buffer(std::string_view, Tensor<float>&, bool = true) {}
+  void buffer(std::string_view, std::int64_t&) {}
+  template <class M>
+  void child(std::string_view, M&) {}
+  void id(ModuleId&) {}
+};
+
+inline std::string join_name(const std::string& prefix, std::string_view name) {
+  if (name.empty()) return prefix;
+  std::string s = prefix;
+  if (!s.empty()) s += '.';
+  s += name;
+  return s;
+}
+
+/// Calls f(full_name, Param&, kind) for every parameter use, depth first in visit order.
+template <class F>
+struct ParamNamer {
+  F& f;
+  std::string prefix;
+  void param(std::string_view name, Param& p, ParamKind kind = ParamKind::weight) { f(join_name(prefix, name), p, kind); }
+  void buffer(std::string_view, Tensor<float>&, bool = true) {}
+  void buffer(std::string_view, std::int64_t&) {}
+  template <class M>
+  void child(std::string_view name, M& m) {
+    ParamNamer inner{f, join_name(prefix, name)};
+    m.visit(inner);
+  }
+  void id(ModuleId&) {}
+};
+
+/// Calls f(full_name, buffer) for every buffer (persistent ones only unless `all`).
+template <class F>
+struct BufferNamer {
+  F& f;
+  std::string prefix;
+  bool all = false;
+  void param(std::string_view, Param&, ParamKind = ParamKind::weight) {}
+  void buffer(std::string_view name, Tensor<float>& t, bool persistent = true) {
+    if (persistent || all) f(join_name(prefix, name), t);
+  }
+  void buffer(std::string_view name, std::int64_t& v) { f(join_name(prefix, name), v); }
+  template <class M>
+  void child(std::string_view name, M& m) {
+    BufferNamer inner{f, join_name(prefix, name), all};
+    m.visit(inner);
+  }
+  void id(ModuleId&) {}
+};
+
+/// Gives every module its pre-order index.
+struct IdAssigner {
+  std::uint32_t next = 1, current = 0;
+  void param(std::string_view, Param&, ParamKind = ParamKind::weight) {}
+  void buffer(std::string_view, Tensor<float>&, bool = true) {}
+  void buffer(std::string_view, std::int64_t&) {}
+  template <class M>
+  void child(std::string_view, M& m) {
+    const std::uint32_t saved = current;
+    current = next++;
+    m.visit(*this);
+    current = saved;
+  }
+  void id(ModuleId& id) { id.value = current; }
+};
+
+/// Reports a module's OWN parameters (not its children's: they report when their own backward
+/// ran) to ctx.grads_ready.
+struct ReadyReporter {
+  Context& ctx;
+  void param(std::string_view, Param& p, ParamKind = ParamKind::weight) {
+    ctx.grads_ready(ctx.grads_ready_user, p.slot());
+  }
+  void buffer(std::string_view, Tensor<float>&, bool = true) {}
+  void buffer(std::string_view, std::int64_t&) {}
+  template <class M>
+  void child(std::string_view, M&) {}
+  void id(ModuleId&) {}
+};
+}  // namespace detail
+
+/// Calls f(name, Param&, ParamKind) for every parameter of `module` with its state_dict name
+/// (a tied parameter once per name).
+template <class M, class F>
+void visit_parameters(M& module, F&& f) {
+  detail::ParamNamer<std::remove_reference_t<F>> v{f, {}};
+  module.visit(v);
+}
+
+/// Calls f(name, Tensor<float>&) and f(name, std::int64_t&) for every buffer of `module` with its
+/// state_dict name: the persistent ones (what state_dict and checkpoints hold), or all.
+template <class M, class F>
+void visit_buffers(M& module, F&& f, bool include_non_persistent = false) {
+  detail::BufferNamer<std::remove_reference_t<F>> v{f, {}, include_non_persistent};
+  module.visit(v);
+}
+
+/// Gives every module of `model` its identity (pre-order index; the root is 0). Engines call it
+/// when they adopt a model; ids depend only on the model's structure.
+template <class M>
+void assign_module_ids(M& model) {
+  detail::IdAssigner v;
+  model.visit(v);
+}
+
+/// Runs `module.forward(ctx, x)`: what containers call on a child.
+template <class M, class X>
+decltype(auto) forward(Context& ctx, M& module, const X& x) {
+  return module.forward(ctx, x);
+}
+
+/// Runs `module.backward(ctx, dy)` and then reports the module's own parameters ready: what
+/// containers (and the engine, for the root) call on a child. A container that calls a child's
+/// backward directly instead leaves that child's gradient buckets waiting (an error names the
+/// parameter at the end of backward).
+template <class M, class DY>
+decltype(auto) backward(Context& ctx, M& module, const DY& dy) {
+  decltype(auto) dx = module.backward(ctx, dy);
+  if (ctx.grads_ready) {
+    detail::ReadyReporter r{ctx};
+    module.visit(r);
+  }
+  return dx;
+}
+
+}  // namespace xtrain
