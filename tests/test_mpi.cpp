@@ -334,3 +334,53 @@ TEST_CASE("MPI: the sharded step through shared memory equals the unsharded one"
     require_same_on_every_rank(sharded);
   }
 }
+
+namespace {
+/// The nested residual model of test_modules.cpp: a Linear, a residual block, a Dropout, and a
+/// block of a Linear and a second Dropout.
+auto nested() {
+  set_seed(21);
+  return nn::Sequential{nn::Linear{784, 32},
+                        nn::Residual{nn::Sequential{nn::Linear{32, 32}, nn::ReLU{}, nn::Linear{32, 32}}},
+                        nn::Dropout{0.2f}, nn::Sequential{nn::Linear{32, 10}, nn::Dropout{0.1f}}};
+}
+
+/// One epoch of 1024 samples of the nested model on the first `ranks` world ranks (a communicator
+/// made by `make_comm(group)`); world rank 0's parameters and bucket count.
+template <class Comm, class MakeComm>
+std::vector<float> train_nested(int ranks, TrainerOptions options, MakeComm make_comm, std::size_t* buckets = nullptr) {
+  MPI_Comm group;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < ranks ? 0 : MPI_UNDEFINED, world_rank(), &group);
+  std::vector<float> params;
+  if (group != MPI_COMM_NULL) {
+    static const auto train = head(fashion().train, 1024), test = head(fashion().test, 200);
+    Trainer<decltype(nested()), optim::Adam, FullPrecision, Comm> t{
+        nested(), optim::Adam{}.lr(2e-3f), options.epochs(1).verbose(false), make_comm(group)};
+    t.fit(train, test);
+    if (world_rank() == 0) {
+      params.assign(t.params().values().begin(), t.params().values().end());
+      if (buckets) *buckets = t.bucket_count();
+    }
+    MPI_Comm_free(&group);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return params;
+}
+}  // namespace
+
+TEST_CASE("MPI: a nested residual model with 3+ buckets ends bitwise as with one, and as on 1 rank", "[mpi]") {
+  auto mpi = [](MPI_Comm g) { return MpiAllReduce(g); };
+  auto single = [](MPI_Comm) { return parallel::SingleProcess{}; };
+  const auto base = TrainerOptions{}.global_batch_size(64);
+  std::size_t buckets = 0;
+  const auto one_bucket = train_nested<MpiAllReduce>(2, base, mpi);
+  const auto many = train_nested<MpiAllReduce>(2, TrainerOptions{base}.bucket_bytes(4096), mpi, &buckets);
+  const auto det = TrainerOptions{base}.deterministic(16).bucket_bytes(4096);
+  const auto det_two = train_nested<MpiAllReduce>(2, det, mpi);
+  const auto det_one = train_nested<parallel::SingleProcess>(1, det, single);
+  if (world_rank() == 0) {
+    REQUIRE(buckets >= 3);
+    REQUIRE(one_bucket == many);
+    REQUIRE(det_two == det_one);
+  }
+}

@@ -2,7 +2,7 @@
 /// \file shared_memory.hpp
 /// Sums between the processes of one machine through a POSIX shared-memory segment: the segment
 /// (create, map, unlink), a barrier of per-process arrival counters, and the collectives that
-/// MpiAllReduce runs over it. Nothing here includes MPI: parallel/mpi.hpp finds the processes of
+/// MpiAllReduce runs over it. Nothing here includes MPI: parallel/mpi/node_reducer.hpp finds the processes of
 /// a node, shares the segment's name, and adds the MPI step between nodes.
 
 #include <fcntl.h>
