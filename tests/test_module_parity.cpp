@@ -13,10 +13,12 @@
 
 #include <catch2/catch.hpp>
 
+#include "parity.hpp"
 #include "xtrain/testing/gradcheck.hpp"
 #include "xtrain/xtrain.hpp"
 
 using namespace xtrain;
+using xtrain::test::require_parity;
 namespace nn = xtrain::layers;
 
 namespace {
@@ -32,23 +34,6 @@ Matrix module_fixture(const std::string& name) {
   return t;
 }
 
-/// max |ours - torch| <= 1e-5 * max |torch|: 1e-5 relative to the tensor's scale.
-void require_close(const std::string& name, std::span<const float> ours, const Matrix& torch) {
-  REQUIRE(ours.size() == torch.size());
-  float scale = 0, diff = 0;
-  for (std::size_t i = 0; i < ours.size(); ++i) {
-    scale = std::max(scale, std::abs(torch.data()[i]));
-    diff = std::max(diff, std::abs(ours[i] - torch.data()[i]));
-  }
-  INFO(name << ": max |diff| " << diff << ", max |torch| " << scale);
-  REQUIRE(scale > 0.0f);
-  REQUIRE(diff <= 1e-5f * scale);
-}
-void require_close(const std::string& name, const Matrix& ours, const Matrix& torch) {
-  INFO(name << ": shape " << ours.shape().str() << ", torch " << torch.shape().str());
-  REQUIRE(ours.shape() == torch.shape());
-  require_close(name, std::span<const float>(ours.data(), ours.size()), torch);
-}
 
 /// PyTorch: Sequential(Linear(6, 8), Residual(Sequential(Linear(8, 8), Tanh(), Linear(8, 8))), ReLU(),
 /// Sequential(Linear(8, 4))), Residual transparent in names ("1.0.weight", "3.0.bias").
@@ -94,12 +79,12 @@ TEST_CASE("Nested Residual/Sequential on a rank-3 input matches PyTorch: y, dx, 
   Context ctx;
   ctx.training = false;
   const Matrix y = model.forward(ctx, x);
-  require_close("y", y, module_fixture("nested.y"));
+  require_parity("y", y, module_fixture("nested.y"));
   const Matrix dx = model.backward(ctx, dy);
-  require_close("dx", dx, module_fixture("nested.dx"));
+  require_parity("dx", dx, module_fixture("nested.dx"));
   std::size_t checked = 0;
   visit_parameters(model, [&](const std::string& name, Param& p, ParamKind) {
-    require_close("grad " + name, p.grads(), module_fixture("nested.grad." + name));
+    require_parity("grad " + name, p.grads(), module_fixture("nested.grad." + name));
     ++checked;
   });
   REQUIRE(checked == 8);
@@ -110,7 +95,7 @@ TEST_CASE("Nested Residual/Sequential on a rank-3 input matches PyTorch: y, dx, 
   visit_parameters(model, [&](const std::string& name, Param& p, ParamKind) {
     Matrix twice = module_fixture("nested.grad." + name);
     for (float& v : twice) v *= 2.0f;
-    require_close("accumulated grad " + name, p.grads(), twice);
+    require_parity("accumulated grad " + name, p.grads(), twice);
   });
 }
 
@@ -132,10 +117,10 @@ TEST_CASE("Nested model in a Trainer: arena names are the state_dict names, grad
   ctx.training = false;
   auto& model = trainer.model();
   const Matrix x = module_fixture("nested.x");  // Linear reads it again in backward: keep it alive
-  require_close("y", model.forward(ctx, x), module_fixture("nested.y"));
-  require_close("dx", model.backward(ctx, module_fixture("nested.dy")), module_fixture("nested.dx"));
+  require_parity("y", model.forward(ctx, x), module_fixture("nested.y"));
+  require_parity("dx", model.backward(ctx, module_fixture("nested.dy")), module_fixture("nested.dx"));
   for (const auto& e : arena.entries())
-    require_close("grad " + e.name, arena.grads(e), module_fixture("nested.grad." + e.name));
+    require_parity("grad " + e.name, arena.grads(e), module_fixture("nested.grad." + e.name));
 }
 
 TEST_CASE("Tied weights match PyTorch: one slot with one alias, gradient summed over both uses",
@@ -145,7 +130,7 @@ TEST_CASE("Tied weights match PyTorch: one slot with one alias, gradient summed 
   REQUIRE(model.get<2>().weight().shares_storage_with(model.get<0>().weight()));
   REQUIRE(load_init(model, "tied") == std::vector<std::string>{"0.weight", "2.weight", "2.bias"});
   // PyTorch's state_dict holds the tied weight under both names, with equal values.
-  require_close("init 2.weight = init 0.weight", module_fixture("tied.init.2.weight"),
+  require_parity("init 2.weight = init 0.weight", module_fixture("tied.init.2.weight"),
                 module_fixture("tied.init.0.weight"));
 
   ParamArena arena(model);
@@ -159,17 +144,17 @@ TEST_CASE("Tied weights match PyTorch: one slot with one alias, gradient summed 
   CHECK(b.aliases.empty());
   CHECK(arena.parameter_count() == 16 + 4);
   // Adoption kept the values (both uses view the one slot).
-  require_close("arena 0.weight", arena.values(w), module_fixture("tied.init.0.weight"));
+  require_parity("arena 0.weight", arena.values(w), module_fixture("tied.init.0.weight"));
   REQUIRE(model.get<0>().weight().data() == arena.values(w).data());
   REQUIRE(model.get<2>().weight().data() == arena.values(w).data());
 
   const Matrix x = module_fixture("tied.x"), dy = module_fixture("tied.dy");
   Context ctx;
   ctx.training = false;
-  require_close("y", model.forward(ctx, x), module_fixture("tied.y"));
+  require_parity("y", model.forward(ctx, x), module_fixture("tied.y"));
   model.backward(ctx, dy);
-  require_close("grad 0.weight (sum of both uses)", arena.grads(w), module_fixture("tied.grad.0.weight"));
-  require_close("grad 2.bias", arena.grads(b), module_fixture("tied.grad.2.bias"));
+  require_parity("grad 0.weight (sum of both uses)", arena.grads(w), module_fixture("tied.grad.0.weight"));
+  require_parity("grad 2.bias", arena.grads(b), module_fixture("tied.grad.2.bias"));
 }
 
 TEST_CASE("gradcheck passes on the nested residual model with a rank-3 input", "[module_parity]") {

@@ -8,9 +8,11 @@
 
 #include <catch2/catch.hpp>
 
+#include "parity.hpp"
 #include "xtrain/xtrain.hpp"
 
 using namespace xtrain;
+using xtrain::test::require_parity;
 namespace nn = xtrain::layers;
 
 namespace {
@@ -18,17 +20,6 @@ Matrix fixture(const std::string& name) {
   return data::load_npy_features(std::string(XTRAIN_TEST_FIXTURES) + "/parity/" + name + ".npy");
 }
 
-/// max |ours - torch| <= 1e-5 * max |torch|: 1e-5 relative to the tensor's scale.
-void require_parity(const std::string& name, std::span<const float> ours, const Matrix& torch) {
-  REQUIRE(ours.size() == torch.size());
-  float scale = 0, diff = 0;
-  for (std::size_t i = 0; i < ours.size(); ++i) {
-    scale = std::max(scale, std::abs(torch.data()[i]));
-    diff = std::max(diff, std::abs(ours[i] - torch.data()[i]));
-  }
-  INFO(name << ": max |diff| " << diff << ", max |torch| " << scale);
-  REQUIRE(diff <= 1e-5f * scale);
-}
 }  // namespace
 
 TEST_CASE("SimpleModel matches PyTorch: loss, gradients, 3 Adam steps, BatchNorm buffers", "[parity]") {

@@ -62,14 +62,17 @@ class ParamArena {
     entries_.clear();
     std::size_t total = 0;
     std::vector<const float*> storage;  // each slot's storage before adoption: tied uses share it
+    std::vector<std::uint32_t> slot_of_use;  // each parameter use's slot, in visit order
     visit_parameters(model, [&](const std::string& name, Param& p, ParamKind kind) {
       XTRAIN_CHECK(!p.in_arena(), ValueError, "ParamArena: parameter '", name,
                    "' already lives in another arena (adopt each model once)");
-      for (std::size_t i = 0; i < storage.size(); ++i)
+      for (std::size_t i = 0; i < storage.size() && p.size() > 0; ++i)
         if (storage[i] == p.data()) {  // tied to an earlier parameter
           entries_[i].aliases.push_back(name);
+          slot_of_use.push_back(static_cast<std::uint32_t>(i));
           return;
         }
+      slot_of_use.push_back(static_cast<std::uint32_t>(entries_.size()));
       storage.push_back(p.data());
       entries_.push_back({name, p.shape(), total, p.size(), kind, {}, 0});
       total += (p.size() + alignment - 1) / alignment * alignment;
@@ -81,7 +84,7 @@ class ParamArena {
     grads_.assign(total, 0.0f);
     value_view_ = {values_.data(), values_.size()};
     grad_view_ = {grads_.data(), grads_.size()};
-    rebind(model, storage);
+    rebind(model, slot_of_use);
     zero_grad();
   }
 
@@ -132,14 +135,13 @@ class ParamArena {
   void zero_grad() noexcept { std::fill(grad_view_.begin(), grad_view_.end(), 0.0f); }
 
  private:
-  // Points every parameter use at its slot. `storage`: each slot's current storage (tied uses
-  // share it), so that a use is matched to its slot before any is rebound.
+  // Points every parameter use (in visit order) at its slot.
   template <class Model>
-  void rebind(Model& model, const std::vector<const float*>& storage) {
+  void rebind(Model& model, const std::vector<std::uint32_t>& slot_of_use) {
+    std::size_t use = 0;
     visit_parameters(model, [&](const std::string&, Param& p, ParamKind) {
-      const auto i = static_cast<std::size_t>(std::find(storage.begin(), storage.end(), p.data()) - storage.begin());
-      p.rebind(value_view_.data() + entries_[i].offset, grad_view_.data() + entries_[i].offset,
-               static_cast<std::uint32_t>(i));
+      const std::uint32_t i = slot_of_use[use++];
+      p.rebind(value_view_.data() + entries_[i].offset, grad_view_.data() + entries_[i].offset, i);
     });
   }
   // After adoption: every use knows its slot.

@@ -19,6 +19,7 @@
 
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/param.hpp"
+#include "xtrain/core/param_arena.hpp"
 
 namespace xtrain::optim {
 
@@ -89,5 +90,54 @@ struct GroupScales {
 struct GroupSegment {
   std::size_t begin = 0, end = 0, group = 0;
 };
+
+/// Puts every parameter of `arena` in its group (the first of `groups` whose rule matches it is
+/// group 1, ...; none: the default group 0). Returns the groups' scales, the default group first.
+inline std::vector<GroupScales> assign_param_groups(ParamArena& arena, const std::vector<ParamGroup>& groups) {
+  std::vector<GroupScales> scales(1);
+  for (const auto& g : groups) scales.push_back({g.name(), g.lr_scale(), g.weight_decay_scale()});
+  const auto& entries = arena.entries();
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    std::size_t group = 0;
+    for (std::size_t k = 0; k < groups.size() && group == 0; ++k)
+      if (groups[k].matches({entries[i].name, entries[i].shape, entries[i].kind})) group = k + 1;
+    arena.set_group(i, group);
+  }
+  return scales;
+}
+
+/// The runs of consecutive parameters of one group, covering the whole arena (padding included);
+/// one run when there is one group. Each run starts 64-byte aligned.
+inline std::vector<GroupSegment> group_segments(const ParamArena& arena) {
+  std::vector<GroupSegment> segments;
+  for (const auto& e : arena.entries()) {
+    if (!segments.empty() && segments.back().group == e.group) continue;
+    if (!segments.empty()) segments.back().end = e.offset;
+    segments.push_back({segments.empty() ? 0 : e.offset, arena.size(), e.group});
+  }
+  if (segments.empty()) segments.push_back({0, arena.size(), 0});
+  return segments;
+}
+
+/// Resuming: a checkpoint's groups (`saved`, and each slot's group in `membership`) must have the
+/// members the run's rules give (else CheckpointError naming the first parameter that differs,
+/// `source` the file); the saved multipliers replace the run's (PyTorch's
+/// optimizer.load_state_dict restores its param_groups' hyper-parameters too).
+inline void restore_param_groups(std::vector<GroupScales>& scales, const ParamArena& arena,
+                                 const std::vector<GroupScales>& saved, const std::vector<std::uint64_t>& membership,
+                                 const std::string& source) {
+  auto name = [](const std::vector<GroupScales>& g, std::size_t i) {
+    return i < g.size() ? g[i].name : "#" + std::to_string(i);
+  };
+  const auto& entries = arena.entries();
+  for (std::size_t i = 0; i < entries.size() && i < membership.size(); ++i)
+    XTRAIN_CHECK(name(saved, membership[i]) == name(scales, entries[i].group), CheckpointError, source,
+                 ": parameter '", entries[i].name, "' is in group '", name(saved, membership[i]),
+                 "' in the checkpoint but in '", name(scales, entries[i].group),
+                 "' in this run (use the same param_groups)");
+  for (auto& g : scales)
+    for (const auto& s : saved)
+      if (s.name == g.name) g = s;
+}
 
 }  // namespace xtrain::optim

@@ -28,6 +28,7 @@
 #include "xtrain/optim/schedule.hpp"
 #include "xtrain/parallel/buckets.hpp"
 #include "xtrain/parallel/communicator.hpp"
+#include "xtrain/parallel/model_check.hpp"
 #include "xtrain/precision/cast.hpp"
 #include "xtrain/precision/policy.hpp"
 #include "xtrain/train/deterministic.hpp"
@@ -71,8 +72,7 @@ class Engine {
         optimizer_(std::move(optimizer)),
         comm_(std::move(communicator)),
         options_(std::move(options)),
-        ids_((assign_module_ids(model_), 0)),
-        arena_(model_, options_.shard_optimizer ? comm_.size() * ParamArena::alignment : ParamArena::alignment),
+        arena_(adopt(model_, options_.shard_optimizer ? comm_.size() * ParamArena::alignment : ParamArena::alignment)),
         shard_(options_.shard_optimizer && comm_.size() > 1),
         block_(arena_.size() / (shard_ ? comm_.size() : 1)),
         state_(optimizer_.init(block_)),
@@ -83,7 +83,8 @@ class Engine {
     XTRAIN_CHECK(options_.accumulate > 0, ValueError, "accumulate must be at least 1");
     if (options_.deterministic_chunk)
       DeterministicReduction::check_layout(options_.deterministic_chunk, options_.global_batch, comm_.size());
-    assign_groups();
+    groups_ = optim::assign_param_groups(arena_, options_.param_groups);
+    segments_ = optim::group_segments(arena_);
     XTRAIN_CHECK(!(shard_ && options_.deterministic_chunk), ValueError,
                  "shard_optimizer and the deterministic reduction cannot be combined");
     synchronize();
@@ -265,7 +266,7 @@ class Engine {
     const checkpoint::Progress p =
         checkpoint::decode<Model, Optimizer>(payload.substr(2), path, model_, arena_, state, schedule, objects);
     set_full_optimizer_state(std::move(state));
-    restore_groups(p, path);
+    optim::restore_param_groups(groups_, arena_, p.groups, p.param_group, path);
     // The loss scaler continues where it was (fp16 to fp16); a run that did not scale starts at
     // the configured scale. Skipped steps count either way: the schedule position depends on them.
     scaler_.restore(p.loss_scale > 0.0f && PrecisionPolicy::uses_loss_scaling ? p.loss_scale : options_.loss_scale,
@@ -364,6 +365,12 @@ class Engine {
  private:
   std::size_t offset() const noexcept { return shard_ ? comm_.rank() * block_ : 0; }
 
+  // Module ids, then the arena.
+  static ParamArena adopt(Model& model, std::size_t multiple) {
+    assign_module_ids(model);
+    return ParamArena(model, multiple);
+  }
+
   // ZeRO stage 1 (sharded_step.hpp): reduce-scatter the gradients, clip with the global norm,
   // step this rank's block of parameters with its block of optimizer state, all-gather the
   // parameters. Each rank does 1/N of the optimizer's work and holds 1/N of its state.
@@ -401,45 +408,6 @@ class Engine {
       optimizer_.step(arena_.values().subspan(b, e - b), arena_.grads().subspan(b, e - b), state_,
                       StepInfo{lr * g.lr_scale, optimizer_steps(), b - begin, g.weight_decay_scale});
     }
-  }
-
-  // Each parameter's group (first matching rule, else the default group 0), and the runs of
-  // consecutive parameters of one group (the whole arena when there is one group).
-  void assign_groups() {
-    groups_.assign(1, optim::GroupScales{});
-    for (const auto& g : options_.param_groups) groups_.push_back({g.name(), g.lr_scale(), g.weight_decay_scale()});
-    const auto& entries = arena_.entries();
-    for (std::size_t i = 0; i < entries.size(); ++i)
-      for (std::size_t k = 0; k < options_.param_groups.size(); ++k)
-        if (options_.param_groups[k].matches({entries[i].name, entries[i].shape, entries[i].kind})) {
-          arena_.set_group(i, k + 1);
-          break;
-        }
-    segments_.clear();
-    for (std::size_t i = 0; i < entries.size(); ++i) {
-      const std::size_t begin = segments_.empty() ? 0 : entries[i].offset;
-      if (segments_.empty() || segments_.back().group != entries[i].group)
-        segments_.push_back({begin, arena_.size(), entries[i].group});
-      if (segments_.size() > 1) segments_[segments_.size() - 2].end = segments_.back().begin;
-    }
-    if (segments_.empty()) segments_.push_back({0, arena_.size(), 0});
-  }
-
-  // A checkpoint's groups must have the same members; their saved multipliers win (as PyTorch's
-  // optimizer.load_state_dict restores its param_groups' hyper-parameters).
-  void restore_groups(const checkpoint::Progress& p, const std::string& path) {
-    const auto& entries = arena_.entries();
-    auto group_name = [](const std::vector<optim::GroupScales>& g, std::size_t i) {
-      return i < g.size() ? g[i].name : "#" + std::to_string(i);
-    };
-    for (std::size_t i = 0; i < entries.size() && i < p.param_group.size(); ++i)
-      XTRAIN_CHECK(group_name(p.groups, p.param_group[i]) == group_name(groups_, entries[i].group),
-                   checkpoint::CheckpointError, path, ": parameter '", entries[i].name, "' is in group '",
-                   group_name(p.groups, p.param_group[i]), "' in the checkpoint but in '",
-                   group_name(groups_, entries[i].group), "' in this run (use the same param_groups)");
-    for (auto& g : groups_)
-      for (const auto& saved : p.groups)
-        if (saved.name == g.name) g = saved;
   }
 
   // The model's input in the policy's storage type, its output in fp32.
@@ -518,40 +486,18 @@ class Engine {
   /// Every rank must have built the same model; then rank 0's parameters and buffers win.
   void synchronize() {
     if (comm_.size() == 1) return;
-    std::string mine, root;
-    for (const auto& e : arena_.entries()) mine += e.name + " " + shape_string(e.shape) + "\n";
-    root = mine;
+    const std::string mine = parallel::model_structure(arena_);
+    std::string root = mine;
     comm_.broadcast(root, "model structure check");
-    if (root != mine) throw ValueError(structure_mismatch(root, mine));
+    if (root != mine) throw ValueError(parallel::structure_mismatch(root, mine, comm_.rank()));
     comm_.broadcast(arena_.values(), "broadcast initial parameters");
     broadcast_buffers();
-  }
-
-  std::string structure_mismatch(const std::string& root, const std::string& mine) const {
-    auto lines = [](const std::string& s) {
-      std::vector<std::string> out;
-      std::size_t a = 0;
-      for (std::size_t b; (b = s.find('\n', a)) != std::string::npos; a = b + 1) out.push_back(s.substr(a, b - a));
-      return out;
-    };
-    const auto r = lines(root), m = lines(mine);
-    const std::string here = "rank " + std::to_string(comm_.rank());
-    for (std::size_t i = 0; i < std::max(r.size(), m.size()); ++i) {
-      const std::string a = i < r.size() ? r[i] : "(none)", b = i < m.size() ? m[i] : "(none)";
-      if (a != b) {
-        const std::string name = b.substr(0, b.find(' '));
-        return "model differs across ranks: parameter '" + name + "' is '" + b + "' on " + here + " but '" + a +
-               "' on rank 0 (build the same model on every rank)";
-      }
-    }
-    return "model differs across ranks";
   }
 
   Model model_;
   Optimizer optimizer_;
   Communicator comm_;
   EngineOptions options_;
-  int ids_;  // (module ids are assigned before the arena adopts the model)
   ParamArena arena_;
   bool shard_;
   std::size_t block_;  // optimizer-state elements on this rank
