@@ -3,6 +3,7 @@
 //   mismatch  ranks enter different collectives under XTRAIN_DEBUG_COLLECTIVES=1: reported
 //   stall     rank 1 never enters a collective: rank 0's times out (XTRAIN_COLLECTIVE_TIMEOUT) and names it
 //   stall_shared_memory  the same once the float sums go through shared memory (its node barrier)
+//   disagree  rank 1 trains with another seed: refused before the first step, naming the field
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -28,6 +29,16 @@ int main(int argc, char** argv) {
       if (t.rank() == 1 && step == 3) throw xtrain::ValueError("probe: rank 1 failed at step 3");
       t.train_step(x, y, 2 * t.rank(), 4);
     }
+  }
+  if (mode == "disagree") {
+    namespace nn = xtrain::layers;
+    auto model = nn::Sequential{nn::Linear{4, 4}, nn::ReLU{}, nn::Linear{4, 2}};
+    xtrain::Trainer<decltype(model), xtrain::optim::Adam, xtrain::FullPrecision, xtrain::parallel::MpiAllReduce> t{
+        std::move(model), xtrain::optim::Adam{}, xtrain::TrainerOptions{}.seed(comm.rank() == 1 ? 43 : 42).verbose(false),
+        std::move(comm)};
+    xtrain::Matrix x({64, 4});
+    const xtrain::data::TensorDataset data(x, std::vector<std::int32_t>(64, 1), 2, "probe");
+    t.fit(data, data);
   }
   if (mode == "mismatch") {
     if (comm.rank() == 0)

@@ -211,8 +211,9 @@ TEST_CASE("Readiness: a parameter never reported, or reported twice, is an error
     set_seed(1);
     return nn::Sequential{nn::Linear{784, 16}, Unreported<nn::Linear>{nn::Linear{16, 10}}};
   };
-  REQUIRE_THROWS_WITH(train_nested(2, TrainerOptions{}.global_batch_size(64), unreported),
-                      Catch::Contains("never completed: parameter '1.m.weight'"));
+  for (std::size_t ranks : {1u, 2u})  // counted on every backward: one rank fails as two do
+    REQUIRE_THROWS_WITH(train_nested(ranks, TrainerOptions{}.global_batch_size(64), unreported),
+                        Catch::Contains("never completed: parameter '1.m.weight'"));
   auto twice = [] {
     set_seed(1);
     return nn::Sequential{nn::Linear{784, 16}, Twice<nn::Linear>{nn::Linear{16, 10}}};
@@ -251,6 +252,30 @@ TEST_CASE("Weight tying: one arena slot, its gradient the sum of both uses, any 
   const auto tied_grad = arena.grads(w);
   for (std::size_t i = 0; i < tied_grad.size(); ++i) REQUIRE(tied_grad[i] == g2[i] + g4[i]);
 
+  // A copied model (a Trainer given an lvalue) is tied again when adopted.
+  auto original = tied();
+  Trainer copied{original, optim::Adam{}, TrainerOptions{}.verbose(false)};
+  REQUIRE(copied.params().entry("2.weight").aliases == std::vector<std::string>{"4.weight"});
+
+  // Import: a file with one of the tied names (safetensors' save_file keeps one) loads; two names
+  // with different values are refused.
+  const auto dir = std::filesystem::temp_directory_path() / "xtrain_tied_import";
+  std::filesystem::create_directories(dir);
+  auto tensors = checkpoint::state_dict(model, arena);
+  std::erase_if(tensors, [](const auto& t) { return t.name == "2.weight"; });
+  checkpoint::write_safetensors((dir / "one_name.safetensors").string(), tensors);
+  auto loaded = tied();
+  ParamArena loaded_arena(loaded);
+  checkpoint::load_model(loaded, loaded_arena, (dir / "one_name.safetensors").string());
+  REQUIRE(std::equal(loaded_arena.values(loaded_arena.entry("2.weight")).begin(),
+                     loaded_arena.values(loaded_arena.entry("2.weight")).end(), arena.values(w).begin()));
+  auto differing = checkpoint::state_dict(model, arena);
+  for (auto& t : differing)
+    if (t.name == "4.weight") t.bytes[0] ^= 1;
+  checkpoint::write_safetensors((dir / "differ.safetensors").string(), differing);
+  REQUIRE_THROWS_WITH(checkpoint::load_model(loaded, loaded_arena, (dir / "differ.safetensors").string()),
+                      Catch::Contains("'2.weight' and '4.weight' are tied in this model but hold different values"));
+
   // Data parallel: the tied slot reports twice per backward; 3+ buckets equal one.
   std::size_t buckets = 0;
   const auto base = TrainerOptions{}.global_batch_size(64);
@@ -281,6 +306,21 @@ TEST_CASE("Parameter groups: AdamW without decay on biases and norms; kept in ch
   REQUIRE(grouped.first == decayed.first);   // Linear weights decay as without groups
   REQUIRE(grouped.second == plain.second);   // biases and BatchNorm's affine parameters do not
   REQUIRE(grouped.second != decayed.second);
+
+  // ZeRO-1 steps each rank's block run by run: bitwise the unsharded step (threads sum in rank order).
+  const auto groups = TrainerOptions{}.global_batch_size(64).param_groups({optim::ParamGroup::no_weight_decay()});
+  auto adamw_model = [&] { return make(); };
+  auto train_adamw = [&](TrainerOptions o) {
+    std::vector<float> params;
+    parallel::launch_threads(2, [&](ThreadAllReduce& comm) {
+      Trainer<decltype(make()), optim::AdamW, FullPrecision, ThreadAllReduce> t{
+          adamw_model(), optim::AdamW{}.lr(1e-2f).weight_decay(0.1f), o.epochs(1).verbose(false), comm};
+      t.fit(train1024(), test200());
+      if (comm.rank() == 0) params.assign(t.params().values().begin(), t.params().values().end());
+    });
+    return params;
+  };
+  REQUIRE(train_adamw(TrainerOptions{groups}.shard_optimizer(true)) == train_adamw(groups));
 
   // Checkpoints keep the groups: the multipliers are restored, other members are refused.
   const auto dir = std::filesystem::temp_directory_path() / "xtrain_param_groups";

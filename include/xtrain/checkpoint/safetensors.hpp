@@ -239,9 +239,34 @@ void load_model(Model& model, ParamArena& arena, const std::string& path) {
     else
       throw CheckpointError(f->path + ": tensor '" + name + "' has dtype " + e->dtype + " (F32 or F64 expected)");
   };
+  auto present = [&](const std::string& name) {
+    for (const auto& f : files)
+      for (const auto& e : f.entries)
+        if (e.name == name) return true;
+    return false;
+  };
   for (const auto& e : arena.entries()) {
-    load_floats(e.name, arena.values(e), e.shape);
-    for (const auto& alias : e.aliases) load_floats(alias, arena.values(e), e.shape);  // tied: the same values
+    if (e.aliases.empty()) {
+      load_floats(e.name, arena.values(e), e.shape);
+      continue;
+    }
+    // A tied parameter: PyTorch's state_dict lists every name, safetensors' save_file and
+    // HuggingFace keep one. Load whichever are there; several must hold the same values.
+    std::vector<std::string> names{e.name};
+    names.insert(names.end(), e.aliases.begin(), e.aliases.end());
+    std::vector<float> first;
+    for (const auto& name : names) {
+      if (!present(name)) continue;
+      load_floats(name, arena.values(e), e.shape);
+      if (first.empty()) {
+        first.assign(arena.values(e).begin(), arena.values(e).end());
+        continue;
+      }
+      XTRAIN_CHECK(std::equal(first.begin(), first.end(), arena.values(e).begin()), CheckpointError, path,
+                   ": tensors '", names[0], "' and '", name, "' are tied in this model but hold different values");
+    }
+    XTRAIN_CHECK(!first.empty() || e.size == 0, CheckpointError, path, ": no tensor '", e.name, "' (the model has it",
+                 e.aliases.empty() ? "" : ", tied to '" + e.aliases[0] + "', also absent", ")");
   }
   xtrain::visit_buffers(model, [&](const std::string& name, auto&& buffer) {
       if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, Tensor<float>>) {

@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "xtrain/core/context.hpp"
+#include "xtrain/core/error.hpp"
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/tensor.hpp"
 
@@ -100,7 +101,11 @@ struct IdAssigner {
     m.visit(*this);
     current = saved;
   }
-  void id(ModuleId& id) { id.value = current; }
+  void id(ModuleId& id) {
+    XTRAIN_CHECK(current < (1u << 16), ValueError, "a module asking for its id is module ", current,
+                 " of the model; ids above 65535 do not fit the random streams' key");
+    id.value = current;
+  }
 };
 
 /// Reports a module's OWN parameters (not its children's: they report when their own backward

@@ -41,9 +41,10 @@ class Param {
         values_(own_->values.data()),
         grads_(own_->grads.data()) {}
 
-  /// A copy owns a copy of the values and gradients (it never aliases the source's arena, and a
-  /// copy of a tied parameter is not tied).
-  Param(const Param& other) : shape_(other.shape_), size_(other.size_) {
+  /// A copy owns a copy of the values and gradients (it never aliases the source's arena). A copy
+  /// of a tied parameter keeps its tie token: the two uses in a copied model hold separate copies
+  /// until an arena adopts the model, which ties them into one slot again.
+  Param(const Param& other) : shape_(other.shape_), size_(other.size_), tie_(other.tie_) {
     if (size_ == 0) return;
     own_ = std::make_shared<Storage>(size_);
     std::copy_n(other.values_, size_, own_->values.data());
@@ -67,12 +68,16 @@ class Param {
                  "Param::tie: tie parameters before a Trainer, Engine or ParamArena adopts the model");
     XTRAIN_CHECK(shape_ == source.shape_, ShapeError, "Param::tie: shapes ", shape_string(shape_), " and ",
                  shape_string(source.shape_), " differ");
+    if (!source.tie_) source.tie_ = std::make_shared<const char>('t');
+    tie_ = source.tie_;
     own_ = source.own_;
     values_ = source.values_;
     grads_ = source.grads_;
   }
-  /// Whether this parameter shares its storage with `other` (tied, or the same object).
+  /// Whether this parameter views the same storage as `other` (tied, or the same object).
   bool shares_storage_with(const Param& other) const noexcept { return values_ != nullptr && values_ == other.values_; }
+  /// The identity tied uses share (copies keep it); null for a parameter never tied.
+  const void* tie_token() const noexcept { return tie_.get(); }
 
   std::span<float> values() noexcept { return {values_, size_}; }
   std::span<const float> values() const noexcept { return {values_, size_}; }
@@ -109,7 +114,8 @@ class Param {
 
   std::vector<std::size_t> shape_;
   std::size_t size_ = 0;
-  std::shared_ptr<Storage> own_;  // before adoption (shared by tied parameters)
+  std::shared_ptr<Storage> own_;      // before adoption (shared by tied parameters)
+  std::shared_ptr<const char> tie_;  // the tie token (shared by tied uses and their copies)
   float* values_ = nullptr;
   float* grads_ = nullptr;
   std::uint32_t slot_ = no_slot;

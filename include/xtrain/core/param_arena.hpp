@@ -61,19 +61,19 @@ class ParamArena {
     static_assert(check_module<Model>());
     entries_.clear();
     std::size_t total = 0;
-    std::vector<const float*> storage;  // each slot's storage before adoption: tied uses share it
+    std::vector<const void*> ties;           // each slot's tie token (null: not tied)
     std::vector<std::uint32_t> slot_of_use;  // each parameter use's slot, in visit order
     visit_parameters(model, [&](const std::string& name, Param& p, ParamKind kind) {
       XTRAIN_CHECK(!p.in_arena(), ValueError, "ParamArena: parameter '", name,
                    "' already lives in another arena (adopt each model once)");
-      for (std::size_t i = 0; i < storage.size() && p.size() > 0; ++i)
-        if (storage[i] == p.data()) {  // tied to an earlier parameter
+      for (std::size_t i = 0; i < ties.size() && p.tie_token(); ++i)
+        if (ties[i] == p.tie_token()) {  // tied to an earlier parameter
           entries_[i].aliases.push_back(name);
           slot_of_use.push_back(static_cast<std::uint32_t>(i));
           return;
         }
       slot_of_use.push_back(static_cast<std::uint32_t>(entries_.size()));
-      storage.push_back(p.data());
+      ties.push_back(p.tie_token());
       entries_.push_back({name, p.shape(), total, p.size(), kind, {}, 0});
       total += (p.size() + alignment - 1) / alignment * alignment;
     });

@@ -94,6 +94,7 @@ class Tensor {
  public:
   using value_type = T;
 
+  /// An empty tensor of shape [0].
   Tensor() = default;
   /// A tensor of `shape`, zero-filled: `Tensor<float> x({32, 784})`.
   explicit Tensor(const Shape& shape) : shape_(shape), storage_(shape.elements(), T{}) {}
@@ -122,18 +123,18 @@ class Tensor {
     if (n > storage_.size()) storage_.resize(n);
     shape_ = shape;
   }
-  /// Releases the storage (an empty tensor).
+  /// Releases the storage (an empty tensor of shape [0]).
   void clear() noexcept {
     storage_ = {};
-    shape_ = {};
+    shape_ = Shape{0};
   }
 
   const Shape& shape() const noexcept { return shape_; }
   std::size_t shape(std::size_t i) const noexcept { return shape_[i]; }
   /// The rank.
   std::size_t dimension() const noexcept { return shape_.rank(); }
-  /// Number of elements.
-  std::size_t size() const noexcept { return shape_.rank() ? shape_.elements() : 0; }
+  /// Number of elements (1 for a rank-0 scalar; 0 for a default-constructed tensor, of shape [0]).
+  std::size_t size() const noexcept { return shape_.elements(); }
   bool empty() const noexcept { return size() == 0; }
   /// The last dimension: the row length a last-dimension layer sees.
   std::size_t cols() const noexcept { return shape_.back(); }
@@ -185,7 +186,7 @@ class Tensor {
     return o;
   }
 
-  Shape shape_;
+  Shape shape_ = Shape{0};
   std::vector<T, xsimd::aligned_allocator<T, 64>> storage_;
 };
 

@@ -84,7 +84,7 @@ class CrossEntropyLoss {
     }
     sum_ = total;
     correct_ = correct;
-    return static_cast<float>(total / normalizer);
+    return normalizer > 0.0 ? static_cast<float>(total / normalizer) : 0.0f;  // 0: every label ignored
   }
 
   /// Gradient of the last forward's result with respect to its logits.

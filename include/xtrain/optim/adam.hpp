@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstddef>
+#include <sstream>
+#include <string>
 #include <span>
 
 #include "xtrain/core/concepts.hpp"
@@ -40,6 +42,13 @@ class AdamBase {
   Derived& weight_decay(float v) { return set(weight_decay_, v, "weight_decay", v >= 0.0f); }
 
   float learning_rate() const noexcept { return lr_; }
+  /// "Adam(lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0)".
+  std::string describe() const {
+    std::ostringstream os;
+    os << Derived::name << "(lr=" << lr_ << ", betas=(" << beta1_ << ", " << beta2_ << "), eps=" << eps_
+       << ", weight_decay=" << weight_decay_ << ")";
+    return os.str();
+  }
   float beta1() const noexcept { return beta1_; }
   float beta2() const noexcept { return beta2_; }
 

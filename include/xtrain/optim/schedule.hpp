@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <sstream>
+#include <string>
 
 #include "xtrain/core/error.hpp"
 
@@ -69,6 +71,20 @@ class LrSchedule {
   }
 
   Kind kind() const noexcept { return kind_; }
+
+  /// "constant", "step(100, gamma=0.1)", "cosine(1000, min_lr=0)", with ", warmup(10, 0)".
+  std::string describe() const {
+    auto num = [](double v) {
+      std::ostringstream os;
+      os << v;
+      return os.str();
+    };
+    std::string s = kind_ == Kind::constant ? "constant"
+                    : kind_ == Kind::step   ? "step(" + std::to_string(period_) + ", gamma=" + num(gamma_) + ")"
+                                            : "cosine(" + std::to_string(period_) + ", min_lr=" + num(min_lr_) + ")";
+    if (warmup_) s += ", warmup(" + std::to_string(warmup_) + ", " + num(start_factor_) + ")";
+    return s;
+  }
 
   template <class Archive>
   void serialize(Archive& ar, unsigned /*version*/) {

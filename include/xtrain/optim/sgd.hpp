@@ -4,6 +4,8 @@
 /// ICML 2013) and L2 weight decay, with exactly PyTorch's update (torch.optim.SGD).
 
 #include <cstddef>
+#include <sstream>
+#include <string>
 #include <span>
 #include <vector>
 
@@ -38,6 +40,13 @@ class SGD {
   }
 
   float learning_rate() const noexcept { return lr_; }
+  /// "SGD(lr=0.1, momentum=0.9, dampening=0, weight_decay=0, nesterov=false)".
+  std::string describe() const {
+    std::ostringstream os;
+    os << "SGD(lr=" << lr_ << ", momentum=" << momentum_ << ", dampening=" << dampening_
+       << ", weight_decay=" << weight_decay_ << ", nesterov=" << (nesterov_ ? "true" : "false") << ")";
+    return os.str();
+  }
 
   /// Requires: nesterov only with momentum > 0 and dampening == 0 (as PyTorch).
   State init(std::size_t n) const {

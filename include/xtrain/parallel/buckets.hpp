@@ -73,13 +73,22 @@ class GradientBuckets {
 
   const std::vector<Bucket>& buckets() const noexcept { return buckets_; }
 
-  /// Starts counting a backward whose buckets will be reduced: every bucket waits for all the
-  /// uses of its parameters.
-  void begin_backward() {
+  /// Starts counting a backward: every bucket waits for all the uses of its parameters. With
+  /// `reduce` the buckets start their reductions as they complete (then call finish()); without,
+  /// the uses are only counted (then call check_complete()), so that a model whose parameters do
+  /// not all report fails on one rank as it would on several.
+  void begin_backward(bool reduce = true) {
     for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].uses;
     std::fill(reported_.begin(), reported_.end(), 0);
     next_ = 0;
     complete_ = 0;
+    reduce_ = reduce;
+  }
+
+  /// Throws ValueError naming a parameter whose gradient was not reported ready in this backward.
+  void check_complete() const {
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      if (pending_[b] != 0) missing(b);
   }
 
   /// The gradient of one use of arena slot `slot` is final. A bucket with no pending use left
@@ -94,7 +103,7 @@ class GradientBuckets {
                  " time(s) (does a container run a child's backward twice?)");
     const std::size_t b = slot_bucket_[slot];
     if (--pending_[b] != 0) return;
-    if (++complete_ == buckets_.size() || compressed(comm)) return;  // compressed reductions: all in finish()
+    if (++complete_ == buckets_.size() || !reduce_ || compressed(comm)) return;  // compressed reductions: all in finish()
     for (auto& bucket : buckets_)
       if (bucket.started) comm.test(bucket.request);
     while (next_ < buckets_.size() && pending_[next_] == 0 && complete_ < buckets_.size()) start(comm, grads, buckets_[next_++]);
@@ -104,8 +113,7 @@ class GradientBuckets {
   /// Throws ValueError naming a parameter whose gradient was never reported ready (its bucket
   /// would otherwise be reduced before or without it).
   void finish(C& comm, std::span<float> grads) {
-    for (std::size_t b = 0; b < buckets_.size(); ++b)
-      if (pending_[b] != 0) missing(b);
+    check_complete();
     const auto now = std::chrono::steady_clock::now();
     if (any_started_) stats_.overlap_seconds += std::chrono::duration<double>(now - first_start_).count();
     // Buckets not started yet have nothing left to overlap with: reduce them with the blocking
@@ -170,6 +178,7 @@ class GradientBuckets {
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> slot_bucket_, reported_, pending_;
   std::size_t next_ = 0, complete_ = 0;
+  bool reduce_ = true;
   CommStats stats_;
   bool any_started_ = false;
   std::chrono::steady_clock::time_point first_start_{};

@@ -31,6 +31,7 @@
 #include "xtrain/parallel/communicator.hpp"
 #include "xtrain/parallel/single_process.hpp"
 #include "xtrain/precision/policy.hpp"
+#include "xtrain/train/agreement.hpp"
 #include "xtrain/train/engine.hpp"
 
 namespace xtrain {
@@ -95,7 +96,15 @@ class Accelerator {
   template <class Model, class Optimizer, class Loss = loss::CrossEntropyLoss>
   requires Module<Model> && xtrain::Optimizer<Optimizer> Engine<Model, Optimizer, Communicator, PrecisionPolicy, Loss>
   prepare(Model model, Optimizer optimizer, Loss loss = {}) {
-    EngineOptions e = options_.engine();
+    const EngineOptions& e = options_.engine();
+    check_agreement(comm_, {{"the optimizer", describe_or(optimizer, Optimizer::name)},
+                            {"the precision", PrecisionPolicy::name},
+                            {"the loss", describe_or(loss, "(loss)")},
+                            {"gradient_accumulation_steps", field_text(e.accumulate)},
+                            {"bucket_bytes", field_text(e.bucket_bytes)},
+                            {"the seed", field_text(e.seed)},
+                            {"the schedule", e.schedule.describe()},
+                            {"the parameter groups", group_names(e)}});
     return Engine<Model, Optimizer, Communicator, PrecisionPolicy, Loss>(std::move(model), std::move(optimizer),
                                                                          duplicate(), e, std::move(loss));
   }
@@ -104,6 +113,10 @@ class Accelerator {
   /// batch_per_process x num_processes() samples.
   template <data::Dataset D>
   data::Loader<D> prepare(const D& data, std::size_t batch_per_process, bool shuffle = true, bool drop_last = false) {
+    check_agreement(comm_, {{"the data set", data_fingerprint(data)},
+                            {"the batch per process", field_text(batch_per_process)},
+                            {"shuffle", field_text(shuffle)},
+                            {"drop_last", field_text(drop_last)}});
     return data::Loader<D>(data, batch_per_process * comm_.size(), options_.engine().seed, shuffle, drop_last,
                            comm_.rank(), comm_.size());
   }
@@ -115,9 +128,15 @@ class Accelerator {
     return last_batch || engine.sync_next();
   }
 
-  /// What to divide the summed loss by: the global batch times the accumulation steps, so the
-  /// reduced gradient is that of the mean over everything the optimizer step covers (a loss of
-  /// one term per sample; for tokens or elements use the engine's loss_normalizer(y, count)).
+  /// What to divide the summed loss by: the terms (samples, tokens, elements, as the engine's loss
+  /// counts them) of the global batch times the accumulation steps, so the reduced gradient is
+  /// that of the mean over everything the optimizer step covers. Collective when the count
+  /// depends on the data (an ignore index).
+  template <class E, class Batch>
+  double loss_normalizer(E& engine, const Batch& batch) const {
+    return engine.loss_normalizer(batch.y, batch.global_count);
+  }
+  /// The same for a loss of one term per sample: the global batch times the accumulation steps.
   template <class Batch>
   double loss_normalizer(const Batch& batch) const {
     return static_cast<double>(batch.global_count) * static_cast<double>(options_.engine().accumulate);
@@ -196,6 +215,12 @@ class Accelerator {
 
  private:
   Communicator duplicate() const { return comm_.duplicate(); }
+  static std::string group_names(const EngineOptions& e) {
+    std::string s;
+    for (const auto& g : e.param_groups)
+      s += g.name() + "(lr x" + field_text(g.lr_scale()) + ", wd x" + field_text(g.weight_decay_scale()) + ") ";
+    return s;
+  }
 
   Communicator comm_;
   AcceleratorOptions options_;

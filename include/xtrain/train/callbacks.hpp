@@ -63,7 +63,8 @@ class EarlyStopping {
   std::size_t bad_epochs_ = 0;
 };
 
-/// Appends one CSV row per epoch (rank 0 only): epoch, train/test loss and accuracy, seconds, samples/s.
+/// Appends one CSV row per epoch (rank 0 only): epoch, train/test loss and accuracy (empty for a
+/// loss without accuracy), seconds, samples/s.
 class CsvLogger {
  public:
   explicit CsvLogger(std::string path) : path_(std::move(path)) {}
@@ -80,8 +81,13 @@ class CsvLogger {
     if (!trainer.is_main_process()) return;
     std::FILE* f = std::fopen(path_.c_str(), "a");
     XTRAIN_CHECK(f != nullptr, ValueError, "CsvLogger: cannot append to ", path_);
-    std::fprintf(f, "%zu,%.6f,%.4f,%.6f,%.4f,%.4f,%.1f\n", m.epoch, m.train.loss, m.train.accuracy, m.test.loss,
-                 m.test.accuracy, m.seconds, m.samples_per_second);
+    auto accuracy = [](const EvalResult& r) {  // empty for a loss without accuracy (regression)
+      char buf[32] = "";
+      if (r.has_accuracy) std::snprintf(buf, sizeof buf, "%.4f", r.accuracy);
+      return std::string(buf);
+    };
+    std::fprintf(f, "%zu,%.6f,%s,%.6f,%s,%.4f,%.1f\n", m.epoch, m.train.loss, accuracy(m.train).c_str(), m.test.loss,
+                 accuracy(m.test).c_str(), m.seconds, m.samples_per_second);
     std::fclose(f);
   }
 

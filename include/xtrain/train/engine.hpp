@@ -169,13 +169,11 @@ class Engine {
   void backward(const Tensor<float>& dlogits, bool sync) {
     ctx_.input_grad = false;                                  // nothing needs the gradient of the data
     const bool reduce = sync && comm_.size() > 1 && !shard_;  // sharded: reduce-scattered in step()
-    if (reduce) {
-      ctx_.grads_ready = &Engine::on_param_ready;
-      ctx_.grads_ready_user = this;
-      buckets_.begin_backward();
-    }
-    run_backward(ctx_, dlogits);
-    if (reduce) buckets_.finish(comm_, arena_.grads());
+    run_backward(ctx_, dlogits, reduce);
+    if (reduce)
+      buckets_.finish(comm_, arena_.grads());
+    else
+      buckets_.check_complete();
   }
 
   /// Ends a micro-step of `global_count` samples: when `sync`, clips (per the options) and steps
@@ -418,8 +416,13 @@ class Engine {
 
   // d(loss)/d(output) in fp32; multiplied by the loss scale (fp16) and rounded to the storage
   // type. The root's own parameters (a model that is one module) are reported after it.
-  void run_backward(Context& ctx, const Tensor<float>& dlogits) {
+  // Every parameter use reports its gradient final (readiness): with `reduce` the buckets start
+  // their reductions as they complete, otherwise the uses are only counted.
+  void run_backward(Context& ctx, const Tensor<float>& dlogits, bool reduce) {
     const float scale = PrecisionPolicy::uses_loss_scaling ? scaler_.scale() : 1.0f;
+    ctx.grads_ready = &Engine::on_param_ready;
+    ctx.grads_ready_user = this;
+    buckets_.begin_backward(reduce);
     xtrain::backward(ctx, model_, cast_.gradient(dlogits, scale));
   }
 
@@ -456,7 +459,8 @@ class Engine {
         if constexpr (loss::HasAccuracy<Loss>) correct_ += loss_.correct();
         terms_ += loss_.count(cy);
         ctx.input_grad = false;
-        run_backward(ctx, loss_.backward());
+        run_backward(ctx, loss_.backward(), false);
+        buckets_.check_complete();
       }
       deterministic_.push(arena_.grads());
     }

@@ -27,6 +27,7 @@
 #include "xtrain/parallel/communicator.hpp"
 #include "xtrain/parallel/single_process.hpp"
 #include "xtrain/precision/policy.hpp"
+#include "xtrain/train/agreement.hpp"
 #include "xtrain/train/callbacks.hpp"
 #include "xtrain/train/engine.hpp"
 #include "xtrain/train/metrics.hpp"
@@ -74,6 +75,7 @@ class Trainer {
                   "xtrain: the training set's target_type is not the loss's target_type (CrossEntropyLoss takes "
                   "Tensor<std::int32_t> class ids, MSELoss Tensor<float>)");
     stop_requested_ = false;
+    check_agreement(communicator(), run_fields(train, test));
     data::Loader<Train> loader(train, global_batch_size(), options_.seed(), options_.shuffle(), options_.drop_last(),
                                rank(), world_, options_.deterministic());
     History history;
@@ -348,6 +350,37 @@ class Trainer {
     XTRAIN_CHECK(e.global_batch >= world, ValueError, "global batch ", e.global_batch, " is smaller than the ", world,
                  " ranks: every rank needs at least one sample per step");
     return e;
+  }
+
+  // What every rank must share before the first step (check_agreement).
+  template <class Train, class Test>
+  std::vector<RunField> run_fields(const Train& train, const Test& test) {
+    const TrainerOptions& o = options_;
+    std::string groups;
+    for (const auto& g : engine_.param_groups())
+      groups += g.name + "(lr x" + field_text(g.lr_scale) + ", wd x" + field_text(g.weight_decay_scale) + ") ";
+    return {{"the training set", data_fingerprint(train)},
+            {"the test set", data_fingerprint(test)},
+            {"epochs", field_text(o.epochs())},
+            {"the global batch size", field_text(global_batch_size())},
+            {"the seed", field_text(o.seed())},
+            {"shuffle", field_text(o.shuffle())},
+            {"drop_last", field_text(o.drop_last())},
+            {"the evaluation batch size", field_text(o.eval_batch_size())},
+            {"accumulate", field_text(o.accumulate())},
+            {"clip_grad_norm", field_text(o.clip_grad_norm())},
+            {"clip_grad_value", field_text(o.clip_grad_value())},
+            {"deterministic", field_text(o.deterministic())},
+            {"shard_optimizer", field_text(o.shard_optimizer())},
+            {"scale_lr", field_text(o.scale_lr())},
+            {"bucket_bytes", field_text(o.bucket_bytes())},
+            {"the schedule", o.schedule().describe()},
+            {"the optimizer", describe_or(optimizer(), Optimizer::name)},
+            {"the precision", PrecisionPolicy::name},
+            {"the loss", describe_or(engine_.loss(), "(loss)")},
+            {"the parameter groups", groups},
+            {"the position (epoch, batch, step)",
+             field_text(epoch_) + ", " + field_text(batch_in_epoch_) + ", " + field_text(engine_.step())}};
   }
 
   // [loss sum, correct, terms, samples] -> mean loss per term, accuracy, samples.
