@@ -334,3 +334,32 @@ TEST_CASE("Ranks that disagree on the configuration or the data stop at once, na
       }),
       Catch::Contains("the training set is 'size 1600"));
 }
+
+namespace {
+/// Changes rank 1's first parameter after step 3: a rank drifting away from the others.
+struct Drift {
+  template <class T>
+  void on_step_end(T& t, const StepResult& r) const {
+    if (t.rank() == 1 && r.step == 3) t.params().values()[0] += 1e-3f;
+  }
+};
+}  // namespace
+
+TEST_CASE("XTRAIN_DEBUG_COLLECTIVES: ranks whose parameters drift apart are stopped, naming the step", "[parallel]") {
+  ::setenv("XTRAIN_DEBUG_COLLECTIVES", "1", 1);
+  ::setenv("XTRAIN_DEBUG_PARAMETERS_EVERY", "2", 1);
+  auto run = [](bool drift) {
+    parallel::launch_threads(2, [&](ThreadAllReduce& comm) {
+      Trainer<decltype(mlp()), optim::Adam, FullPrecision, ThreadAllReduce> t{
+          mlp(), optim::Adam{}, TrainerOptions{}.global_batch_size(64).epochs(1).verbose(false), comm};
+      if (drift)
+        t.fit(train3200(), test500(), Drift{});
+      else
+        t.fit(train3200(), test500());
+    });
+  };
+  REQUIRE_NOTHROW(run(false));
+  REQUIRE_THROWS_WITH(run(true), Catch::Contains("parameters differ across ranks after step 4"));
+  ::unsetenv("XTRAIN_DEBUG_COLLECTIVES");
+  ::unsetenv("XTRAIN_DEBUG_PARAMETERS_EVERY");
+}

@@ -5,11 +5,14 @@
 /// micro-step at a time (forward, loss, backward with bucketed non-blocking allreduce, and on the
 /// last micro-step of an accumulation window: wait, clip, optimizer step).
 
+#include <zlib.h>
+
 #include <chrono>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <span>
 #include <string>
@@ -31,6 +34,7 @@
 #include "xtrain/parallel/model_check.hpp"
 #include "xtrain/precision/cast.hpp"
 #include "xtrain/precision/policy.hpp"
+#include "xtrain/train/agreement.hpp"
 #include "xtrain/train/deterministic.hpp"
 #include "xtrain/train/metrics.hpp"
 #include "xtrain/train/sharded_step.hpp"
@@ -81,6 +85,10 @@ class Engine {
         loss_(std::move(loss)),
         scaler_(options_.loss_scale, 2.0f, 0.5f, options_.loss_scale_growth_interval) {
     XTRAIN_CHECK(options_.accumulate > 0, ValueError, "accumulate must be at least 1");
+    if (const char* d = std::getenv("XTRAIN_DEBUG_COLLECTIVES"); d && std::string(d) != "0") {
+      const char* every = std::getenv("XTRAIN_DEBUG_PARAMETERS_EVERY");
+      check_every_ = every ? std::strtoull(every, nullptr, 10) : 100;
+    }
     if (options_.deterministic_chunk)
       DeterministicReduction::check_layout(options_.deterministic_chunk, options_.global_batch, comm_.size());
     groups_ = optim::assign_param_groups(arena_, options_.param_groups);
@@ -188,8 +196,33 @@ class Engine {
     ++step_;
     micro_ = 0;
     micro_samples_ = 0;
-    if (shard_) return sharded_step(lr);
-    // Mixed precision order: reduce (done) -> unscale -> check -> clip -> step, or skip.
+    const bool stepped = shard_ ? sharded_step(lr) : full_step(lr);
+    if (check_every_ && step_ % check_every_ == 0) check_parameters_agree();
+    return stepped;
+  }
+
+  /// Under XTRAIN_DEBUG_COLLECTIVES=1 (the value of XTRAIN_DEBUG_PARAMETERS_EVERY, default 100):
+  /// every this many steps the ranks compare a CRC-32 of their parameters. 0: never.
+  void check_parameters_every(std::uint64_t steps) noexcept { check_every_ = steps; }
+
+  /// Throws ValueError on a rank whose parameters differ from rank 0's (a CRC-32 of the flat
+  /// buffer), naming the step: ranks that drift apart (a bug in a custom module, a bit flip)
+  /// stop there instead of training on silently. Collective.
+  void check_parameters_agree() {
+    if (comm_.size() == 1) return;
+    const auto v = arena_.values();
+    std::string mine = field_text(crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(v.data()),
+                                        static_cast<uInt>(v.size() * sizeof(float))));
+    std::string root = mine;
+    comm_.broadcast(root, "parameter checksum");
+    XTRAIN_CHECK(root == mine, ValueError, "parameters differ across ranks after step ", step_, ": CRC-32 ", mine,
+                 " on rank ", comm_.rank(), " but ", root,
+                 " on rank 0 (ranks must stay identical: a module that changes its parameters on one rank only?)");
+  }
+
+ private:
+  // Mixed precision order: reduce (done) -> unscale -> check -> clip -> step, or skip.
+  bool full_step(float lr) {
     if constexpr (PrecisionPolicy::uses_loss_scaling) {
       unscale_gradients();  // the reduced gradients: every rank finds the same
       unscaled_ = false;
@@ -202,6 +235,7 @@ class Engine {
     return true;
   }
 
+ public:
   /// Restores the step count, the seed of data order and dropout, and the schedule (resume).
   /// Requires: no accumulation window open.
   void restore(std::uint64_t step, std::uint64_t seed, const optim::LrSchedule& schedule) {
@@ -523,6 +557,7 @@ class Engine {
   DynamicLossScaler scaler_;
   PrecisionCast<PrecisionPolicy> cast_;
   bool unscaled_ = false, found_inf_ = false;
+  std::uint64_t check_every_ = 0;  // parameter checksum period (XTRAIN_DEBUG_COLLECTIVES)
 };
 
 }  // namespace xtrain
