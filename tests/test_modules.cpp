@@ -124,6 +124,12 @@ TEST_CASE("Tensor: ranks 0 to 6, storage that only grows, shapes in messages", "
   REQUIRE(Shape{32, 784}.str() == "[32, 784]");
   Tensor<std::int32_t> ids({2, 5});
   REQUIRE(ids.size() == 10);
+  Matrix scalar(Shape{});  // rank 0: one element
+  REQUIRE(scalar.size() == 1);
+  REQUIRE(Matrix{}.size() == 0);
+  const Matrix moved = std::move(t);
+  REQUIRE(moved.shape() == Shape{2, 2});
+  REQUIRE(t.size() == 0);  // NOLINT(bugprone-use-after-move): a moved-from tensor is empty
 }
 
 TEST_CASE("Last-dimension modules run unchanged on [B, T, C] as on its rows", "[modules]") {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <xsimd/memory/xsimd_aligned_allocator.hpp>
@@ -113,8 +114,13 @@ class Tensor {
     }
     return *this;
   }
-  Tensor(Tensor&&) noexcept = default;
-  Tensor& operator=(Tensor&&) noexcept = default;
+  /// Moving leaves the source empty (shape [0]).
+  Tensor(Tensor&& other) noexcept : shape_(std::exchange(other.shape_, Shape{0})), storage_(std::move(other.storage_)) {}
+  Tensor& operator=(Tensor&& other) noexcept {
+    shape_ = std::exchange(other.shape_, Shape{0});
+    storage_ = std::move(other.storage_);
+    return *this;
+  }
 
   /// Gives the tensor `shape`. Reallocates only when it needs more elements than it ever held;
   /// the contents are then unspecified (kept when the element count fits).
