@@ -68,10 +68,10 @@ std::vector<float> train_nested(std::size_t ranks, TrainerOptions options, Make 
   return params;
 }
 
-/// A container that runs its child's backward directly instead of through xtrain::backward: the
-/// child's parameters are never reported ready.
-template <class M>
-struct Unreported {
+/// A container that breaks readiness: with Reports = 0 it runs its child's backward directly
+/// (the child's parameters are never reported ready), with 2 it reports the child twice.
+template <class M, int Reports>
+struct BadContainer {
   M m;
   template <ActivationType T>
   const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
@@ -79,24 +79,7 @@ struct Unreported {
   }
   template <ActivationType T>
   const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
-    return m.backward(ctx, dy);
-  }
-  template <class V>
-  void visit(V& v) {
-    v.child("m", m);
-  }
-};
-
-/// A container that reports its child twice.
-template <class M>
-struct Twice {
-  M m;
-  template <ActivationType T>
-  const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
-    return m.forward(ctx, x);
-  }
-  template <ActivationType T>
-  const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
+    if constexpr (Reports == 0) return m.backward(ctx, dy);
     xtrain::backward(ctx, m, dy);
     return xtrain::backward(ctx, m, dy);
   }
@@ -105,6 +88,10 @@ struct Twice {
     v.child("m", m);
   }
 };
+template <class M>
+using Unreported = BadContainer<M, 0>;
+template <class M>
+using Twice = BadContainer<M, 2>;
 }  // namespace
 
 TEST_CASE("Tensor: ranks 0 to 6, storage that only grows, shapes in messages", "[modules]") {

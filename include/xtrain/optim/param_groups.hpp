@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,6 +30,32 @@ struct ParamInfo {
   const std::vector<std::size_t>& shape;   ///< its shape
   ParamKind kind;                          ///< as its module reported it
 };
+
+/// A group's saved form: its name and multipliers.
+struct GroupScales {
+  std::string name = "default";
+  float lr_scale = 1.0f, weight_decay_scale = 1.0f;
+  template <class Archive>
+  void serialize(Archive& ar, unsigned) {
+    ar& name;
+    ar& lr_scale;
+    ar& weight_decay_scale;
+  }
+  friend bool operator==(const GroupScales&, const GroupScales&) = default;
+  /// "no_weight_decay(lr x1, wd x0)".
+  std::string describe() const {
+    std::ostringstream os;
+    os << name << "(lr x" << lr_scale << ", wd x" << weight_decay_scale << ")";
+    return os.str();
+  }
+};
+
+/// The groups as one line (the agreement check compares it across ranks).
+inline std::string describe(const std::vector<GroupScales>& groups) {
+  std::string s;
+  for (const auto& g : groups) s += g.describe() + " ";
+  return s;
+}
 
 class ParamGroup {
  public:
@@ -65,24 +92,13 @@ class ParamGroup {
   float lr_scale() const noexcept { return lr_scale_; }
   float weight_decay_scale() const noexcept { return weight_decay_scale_; }
   bool matches(const ParamInfo& p) const { return rule_(p); }
+  /// Its name and multipliers (what checkpoints keep).
+  GroupScales scales() const { return {name_, lr_scale_, weight_decay_scale_}; }
 
  private:
   std::string name_;
   Rule rule_;
   float lr_scale_ = 1.0f, weight_decay_scale_ = 1.0f;
-};
-
-/// A group's saved form: its name and multipliers.
-struct GroupScales {
-  std::string name = "default";
-  float lr_scale = 1.0f, weight_decay_scale = 1.0f;
-  template <class Archive>
-  void serialize(Archive& ar, unsigned) {
-    ar& name;
-    ar& lr_scale;
-    ar& weight_decay_scale;
-  }
-  friend bool operator==(const GroupScales&, const GroupScales&) = default;
 };
 
 /// A run of consecutive arena elements [begin, end) whose parameters are of one group: one fused
@@ -95,7 +111,7 @@ struct GroupSegment {
 /// group 1, ...; none: the default group 0). Returns the groups' scales, the default group first.
 inline std::vector<GroupScales> assign_param_groups(ParamArena& arena, const std::vector<ParamGroup>& groups) {
   std::vector<GroupScales> scales(1);
-  for (const auto& g : groups) scales.push_back({g.name(), g.lr_scale(), g.weight_decay_scale()});
+  for (const auto& g : groups) scales.push_back(g.scales());
   const auto& entries = arena.entries();
   for (std::size_t i = 0; i < entries.size(); ++i) {
     std::size_t group = 0;

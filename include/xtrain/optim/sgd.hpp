@@ -20,12 +20,10 @@ class SGD {
   static constexpr const char* name = "SGD";
   /// Momentum buffer over the flat parameter buffer; empty until the first step (PyTorch's None).
   struct State {
-    AlignedVector momentum_buffer;
-    bool started = false;
+    AlignedVector momentum_buffer;  // read as PyTorch's None before the first step (StepInfo::step == 1)
     template <class Archive>
     void serialize(Archive& ar, unsigned /*version*/) {
       ar& momentum_buffer;
-      ar& started;
     }
   };
 
@@ -81,7 +79,6 @@ class SGD {
       }
       p[i] -= lr * d;
     }
-    state.started = true;
   }
 
  private:

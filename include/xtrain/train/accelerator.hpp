@@ -216,10 +216,9 @@ class Accelerator {
  private:
   Communicator duplicate() const { return comm_.duplicate(); }
   static std::string group_names(const EngineOptions& e) {
-    std::string s;
-    for (const auto& g : e.param_groups)
-      s += g.name() + "(lr x" + field_text(g.lr_scale()) + ", wd x" + field_text(g.weight_decay_scale()) + ") ";
-    return s;
+    std::vector<optim::GroupScales> scales;
+    for (const auto& g : e.param_groups) scales.push_back(g.scales());
+    return optim::describe(scales);
   }
 
   Communicator comm_;

@@ -356,9 +356,6 @@ class Trainer {
   template <class Train, class Test>
   std::vector<RunField> run_fields(const Train& train, const Test& test) {
     const TrainerOptions& o = options_;
-    std::string groups;
-    for (const auto& g : engine_.param_groups())
-      groups += g.name + "(lr x" + field_text(g.lr_scale) + ", wd x" + field_text(g.weight_decay_scale) + ") ";
     return {{"the training set", data_fingerprint(train)},
             {"the test set", data_fingerprint(test)},
             {"epochs", field_text(o.epochs())},
@@ -378,7 +375,7 @@ class Trainer {
             {"the optimizer", describe_or(optimizer(), Optimizer::name)},
             {"the precision", PrecisionPolicy::name},
             {"the loss", describe_or(engine_.loss(), "(loss)")},
-            {"the parameter groups", groups},
+            {"the parameter groups", optim::describe(engine_.param_groups())},
             {"the position (epoch, batch, step)",
              field_text(epoch_) + ", " + field_text(batch_in_epoch_) + ", " + field_text(engine_.step())}};
   }
