@@ -7,6 +7,8 @@
 //   mpirun -np 2 build/examples/fashion_mnist_mlp --precision bf16 --compress-grads bf16
 //
 // Rank 0 prints the homework's lines: one per epoch, then the final accuracies and the total time.
+// With --project-dir, SIGTERM, SIGINT or SIGUSR1 saves a checkpoint and exits with code 75
+// (xtrain::exit_code::interrupted); --resume latest continues bitwise where it stopped.
 
 #include <chrono>
 #include <cstdio>
@@ -26,7 +28,7 @@ struct Flags {
   std::string activation = "relu";
   float lr = 1e-3f;
   std::uint64_t seed = 42;
-  std::size_t global_batch = 0, accumulate = 1;
+  std::size_t global_batch = 0, accumulate = 1, deterministic = 0;
   bool scale_lr = false, sync_bn = false, shard_optimizer = false;
   double clip_norm = 0.0;
   std::string project_dir, resume, export_path;
@@ -38,6 +40,7 @@ constexpr const char* usage =
     "usage: [mpirun -np P] fashion_mnist_mlp [--data DIR] [--epochs N] [--batch N | --global-batch N]\n"
     "           [--hidden N] [--activation relu|tanh|sigmoid|gelu|gelu_tanh|silu] [--lr X] [--seed N]\n"
     "           [--scale-lr] [--sync-bn] [--accumulate K] [--clip-norm X] [--shard-optimizer]\n"
+    "           [--deterministic CHUNK]\n"
     "           [--project-dir DIR [--checkpoint-every-steps K] [--total-limit L]] [--resume latest|DIR]\n"
     "           [--export FILE.safetensors] [--precision fp32|bf16|fp16] [--compress-grads bf16|fp16]\n"
     "  --data DIR        Fashion-MNIST IDX folder, or a folder with train_x.npy, train_y.npy,\n"
@@ -55,7 +58,10 @@ constexpr const char* usage =
     "  --clip-norm X     clip the global gradient norm to X (default off)\n"
     "  --shard-optimizer each process steps 1/P of the parameters and keeps 1/P of Adam's state\n"
     "                    (ZeRO stage 1; the same training)\n"
-    "  --project-dir DIR save a checkpoint each epoch in DIR/checkpoints/checkpoint_N\n"
+    "  --deterministic CHUNK  bitwise the same training on 1, 2, 4, ... processes (gradients summed\n"
+    "                    per CHUNK samples in a fixed tree; needs --global-batch = CHUNK x a power of two)\n"
+    "  --project-dir DIR save a checkpoint each epoch in DIR/checkpoints/checkpoint_N, and on\n"
+    "                    SIGTERM, SIGINT or SIGUSR1 (then exit with code 75: resume with --resume latest)\n"
     "  --checkpoint-every-steps K   also every K optimizer steps\n"
     "  --total-limit L   keep only the newest L checkpoints\n"
     "  --resume latest|DIR  continue from the newest checkpoint of --project-dir, or from DIR\n"
@@ -107,6 +113,8 @@ Flags parse(int argc, char** argv) {
       f.global_batch = parse_count(arg, value);
     else if (arg == "--accumulate")
       f.accumulate = parse_count(arg, value);
+    else if (arg == "--deterministic")
+      f.deterministic = parse_count(arg, value);
     else if (arg == "--project-dir")
       f.project_dir = value;
     else if (arg == "--checkpoint-every-steps")
@@ -186,6 +194,7 @@ int run_training(const Flags& flags) {
                            .accumulate(flags.accumulate)
                            .clip_grad_norm(flags.clip_norm)
                            .shard_optimizer(flags.shard_optimizer)
+                           .deterministic(flags.deterministic)
                            .project_dir(flags.project_dir)
                            .total_limit(flags.total_limit);
   if (main_process) {
@@ -198,12 +207,14 @@ int run_training(const Flags& flags) {
   if (main_process) {
     std::printf(
         "Adam lr %g%s | %zu process%s (launcher: %s) | global batch %zu%s | %zu epochs | seed %llu | "
-        "precision %s | gradients sent as %s\n",
+        "precision %s | gradients sent as %s%s\n",
         flags.lr * (flags.scale_lr ? static_cast<float>(ranks) : 1.0f), flags.scale_lr ? " (scaled)" : "", ranks,
         ranks == 1 ? "" : "es", xtrain::parallel::launch_info().launcher, trainer.global_batch_size(),
         flags.accumulate > 1 ? (" x " + std::to_string(flags.accumulate) + " accumulated").c_str() : "", flags.epochs,
         static_cast<unsigned long long>(flags.seed), Precision::name,
-        flags.compress == "none" ? "fp32" : flags.compress.c_str());
+        flags.compress == "none" ? "fp32" : flags.compress.c_str(),
+        flags.deterministic ? (" | deterministic reduction per " + std::to_string(flags.deterministic) + " samples").c_str()
+                            : "");
     report_kernels(flags.precision);
   }
   if (!flags.resume.empty()) {

@@ -78,14 +78,27 @@ inline void fsync_path(const std::string& path, int flags) {
 /// directory.
 inline void write_file_atomic(const std::string& path, std::initializer_list<std::string_view> parts) {
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    XTRAIN_CHECK(out.good(), CheckpointError, tmp, ": cannot create (", std::strerror(errno), ")");
-    for (const auto part : parts) out.write(part.data(), static_cast<std::streamsize>(part.size()));
-    out.flush();
-    XTRAIN_CHECK(out.good(), CheckpointError, tmp, ": write failed (disk full?)");
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  XTRAIN_CHECK(fd >= 0, CheckpointError, tmp, ": cannot create (", std::strerror(errno), ")");
+  auto fail = [&](const char* what) {  // the half-written file goes: a full disk gets its space back
+    const int error = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw CheckpointError(xtrain::detail::concat(tmp, ": ", what, " (", std::strerror(error), ")"));
+  };
+  for (const auto part : parts)
+    for (std::size_t done = 0; done < part.size();) {
+      const ::ssize_t n = ::write(fd, part.data() + done, part.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail("write failed");
+      done += static_cast<std::size_t>(n);
+    }
+  if (::fsync(fd) != 0) fail("fsync failed");
+  if (::close(fd) != 0) {
+    const int error = errno;
+    ::unlink(tmp.c_str());
+    throw CheckpointError(xtrain::detail::concat(tmp, ": close failed (", std::strerror(error), ")"));
   }
-  detail::fsync_path(tmp, O_RDONLY);
   XTRAIN_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, CheckpointError, "cannot rename ", tmp, " to ", path, " (",
                std::strerror(errno), ")");
   const std::string dir = std::filesystem::path(path).parent_path().string();

@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -33,6 +34,7 @@
 #include "xtrain/precision/policy.hpp"
 #include "xtrain/train/agreement.hpp"
 #include "xtrain/train/engine.hpp"
+#include "xtrain/train/preemption.hpp"
 
 namespace xtrain {
 
@@ -208,6 +210,22 @@ class Accelerator {
                            [&object](boost::archive::binary_iarchive& ar) { ar >> object; }});
   }
 
+  /// Handles stop signals (SIGTERM, SIGINT, SIGUSR1 by default) from now until the Accelerator
+  /// is destroyed: a signal is only recorded, and your loop asks stop_signal() at each step
+  /// boundary. Without this call signals keep their usual effect.
+  void handle_stop_signals(std::vector<int> signals = StopSignals::defaults()) {
+    stop_signals_.reset();
+    stop_signals_ = std::make_unique<StopSignals>(std::move(signals));
+  }
+  /// Call at every step boundary (after the optimizer step), on every rank: the stop signal that
+  /// some rank received, the same answer on every rank (0: go on). Collective every few steps.
+  /// On a signal, save and end the program with exit_code::interrupted:
+  ///   if (const int sig = acc.stop_signal()) { acc.save_state(engine, dir); return xtrain::exit_code::interrupted; }
+  int stop_signal() {
+    XTRAIN_CHECK(stop_signals_ != nullptr, ValueError, "Accelerator::stop_signal: call handle_stop_signals() first");
+    return stop_signals_->poll(comm_);
+  }
+
   /// Barrier: every rank waits until all have arrived.
   void wait_for_everyone() { comm_.barrier("wait_for_everyone"); }
 
@@ -224,6 +242,7 @@ class Accelerator {
   Communicator comm_;
   AcceleratorOptions options_;
   std::vector<checkpoint::Registered> registered_;
+  std::unique_ptr<StopSignals> stop_signals_;
 };
 
 }  // namespace xtrain

@@ -11,6 +11,7 @@
 #include "xtrain/core/error.hpp"
 #include "xtrain/optim/param_groups.hpp"
 #include "xtrain/optim/schedule.hpp"
+#include "xtrain/train/preemption.hpp"
 
 namespace xtrain {
 
@@ -129,6 +130,13 @@ class TrainerOptions {
     param_groups_ = std::move(groups);
     return *this;
   }
+  /// Signals that make fit() stop at the next step boundary on every rank, save a checkpoint in
+  /// project_dir and throw Interrupted (handled only while fit() runs). Default SIGTERM, SIGINT,
+  /// SIGUSR1; an empty list keeps the process's own handling (a signal then kills the run).
+  TrainerOptions& stop_signals(std::vector<int> signals) {
+    stop_signals_ = std::move(signals);
+    return *this;
+  }
   /// Print one line per epoch (and a progress bar on a terminal). Default true.
   TrainerOptions& verbose(bool v) {
     verbose_ = v;
@@ -156,6 +164,7 @@ class TrainerOptions {
   float loss_scale() const noexcept { return loss_scale_; }
   std::uint64_t loss_scale_growth_interval() const noexcept { return loss_scale_growth_interval_; }
   const std::vector<optim::ParamGroup>& param_groups() const noexcept { return param_groups_; }
+  const std::vector<int>& stop_signals() const noexcept { return stop_signals_; }
 
  private:
   std::size_t batch_size_ = 32, epochs_ = 10, eval_batch_size_ = 1024;
@@ -171,6 +180,7 @@ class TrainerOptions {
   bool shuffle_ = true, drop_last_ = false, verbose_ = true;
   optim::LrSchedule schedule_ = optim::LrSchedule::constant();
   std::vector<optim::ParamGroup> param_groups_;
+  std::vector<int> stop_signals_ = StopSignals::defaults();
 };
 
 }  // namespace xtrain

@@ -32,6 +32,7 @@
 #include "xtrain/train/engine.hpp"
 #include "xtrain/train/metrics.hpp"
 #include "xtrain/train/options.hpp"
+#include "xtrain/train/preemption.hpp"
 #include "xtrain/train/progress.hpp"
 
 namespace xtrain {
@@ -69,6 +70,8 @@ class Trainer {
   std::size_t global_batch_size() const noexcept { return global_batch(options_, world_); }
 
   /// Trains for options().epochs() epochs, evaluating on `test` after each; returns the metrics.
+  /// A stop signal (options().stop_signals(): SIGTERM, SIGINT, SIGUSR1) on any rank ends it at the
+  /// next step boundary on every rank: a checkpoint is saved in project_dir and Interrupted thrown.
   template <data::Dataset Train, data::Dataset Test, class... Callbacks>
   History fit(const Train& train, const Test& test, Callbacks&&... callbacks) {
     static_assert(std::is_same_v<typename Train::target_type, target_type>,
@@ -76,6 +79,7 @@ class Trainer {
                   "Tensor<std::int32_t> class ids, MSELoss Tensor<float>)");
     stop_requested_ = false;
     check_agreement(communicator(), run_fields(train, test));
+    StopSignals signals(options_.stop_signals());
     data::Loader<Train> loader(train, global_batch_size(), options_.seed(), options_.shuffle(), options_.drop_last(),
                                rank(), world_, options_.deterministic());
     History history;
@@ -104,7 +108,13 @@ class Trainer {
         sums[2] += static_cast<double>(engine_.last_terms());
         sums[3] += static_cast<double>(batch.size());
         batch_in_epoch_ = k + 1;
-        if (engine_.step() != before) (callbacks::on_step_end(callbacks, *this, r), ...);
+        if (engine_.step() != before) {
+          (callbacks::on_step_end(callbacks, *this, r), ...);
+          if (const int sig = signals.poll(communicator())) {
+            bar.clear();
+            stop_on_signal(sig);
+          }
+        }
         if (bar.active()) {
           const double s = seconds_since(start);
           bar.update(label, k + 1, batches, static_cast<double>((k + 1) * global_batch_size()) / s, s);
@@ -212,15 +222,27 @@ class Trainer {
     const std::size_t n = existing.empty() ? 0 : existing.back() + 1;
     const std::filesystem::path final_dir = root / ("checkpoint_" + std::to_string(n));
     const std::filesystem::path tmp_dir = root / ("checkpoint_" + std::to_string(n) + ".tmp");
-    if (is_main_process()) {
-      std::filesystem::create_directories(root);
-      for (const auto& entry : std::filesystem::directory_iterator(root))  // leftovers of a crashed save
-        if (entry.path().extension() == ".tmp") std::filesystem::remove_all(entry.path());
-      XTRAIN_CHECK(!std::filesystem::exists(final_dir), checkpoint::CheckpointError, final_dir.string(),
-                   " already exists; refusing to overwrite it");
-    }
-    save_state(tmp_dir.string());
     std::string error;
+    if (is_main_process()) try {
+        std::filesystem::create_directories(root);
+        for (const auto& entry : std::filesystem::directory_iterator(root))  // leftovers of a crashed save
+          if (entry.path().extension() == ".tmp") std::filesystem::remove_all(entry.path());
+        XTRAIN_CHECK(!std::filesystem::exists(final_dir), checkpoint::CheckpointError, final_dir.string(),
+                     " already exists; refusing to overwrite it");
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    communicator().broadcast(error, "checkpoint folder status");
+    if (!error.empty()) throw checkpoint::CheckpointError(error);
+    try {
+      save_state(tmp_dir.string());
+    } catch (const checkpoint::CheckpointError&) {
+      if (is_main_process()) {  // give the space back (a full disk); the previous checkpoints stay
+        std::error_code ignored;
+        std::filesystem::remove_all(tmp_dir, ignored);
+      }
+      throw;
+    }
     if (is_main_process()) try {
         std::filesystem::rename(tmp_dir, final_dir);
         checkpoint::detail::fsync_path(root.string(), O_RDONLY | O_DIRECTORY);
@@ -350,6 +372,35 @@ class Trainer {
     XTRAIN_CHECK(e.global_batch >= world, ValueError, "global batch ", e.global_batch, " is smaller than the ", world,
                  " ranks: every rank needs at least one sample per step");
     return e;
+  }
+
+  // Every rank agreed to stop on `sig` at this step boundary: save if there is a project
+  // folder, tell the user (rank 0), throw Interrupted on every rank.
+  [[noreturn]] void stop_on_signal(int sig) {
+    const std::string where = "[xtrain] received " + signal_name(sig) + " at epoch " + std::to_string(epoch_ + 1) +
+                              " step " + std::to_string(engine_.step());
+    std::string dir, message;
+    if (options_.project_dir().empty()) {
+      message = where +
+                ": nothing saved (no project directory: set TrainerOptions::project_dir, --project-dir in the "
+                "examples, to save a checkpoint on a signal)";
+    } else {
+      try {
+        dir = save_checkpoint();
+        message = where + ": checkpoint saved to " + dir + ", resume with --resume latest";
+      } catch (const checkpoint::CheckpointError& e) {
+        const auto existing = checkpoint_numbers(std::filesystem::path(options_.project_dir()) / "checkpoints");
+        message = where + ": saving a checkpoint failed: " + e.what() + "; the latest complete checkpoint is " +
+                  (existing.empty() ? std::string("none")
+                                    : "still checkpoint_" + std::to_string(existing.back()) + " (--resume latest)");
+      }
+    }
+    if (is_main_process()) {
+      std::fflush(stdout);
+      std::fprintf(stderr, "%s\n", message.c_str());
+      std::fflush(stderr);
+    }
+    throw Interrupted(sig, dir, message);
   }
 
   // What every rank must share before the first step (check_agreement).

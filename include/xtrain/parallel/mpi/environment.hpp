@@ -1,8 +1,8 @@
 #pragma once
 /// \file mpi/environment.hpp
 /// MpiEnvironment: initialises and finalises MPI (through Boost.MPI) and makes an exception that
-/// escapes main() on any rank print its message with the rank and end the whole job (MPI_Abort,
-/// exit code 1), through a terminate handler and run().
+/// escapes main() on any rank print its message with the rank and end the whole job (MPI_Abort
+/// with the exit code of the error: xtrain::exit_code), through a terminate handler and run().
 
 #include <mpi.h>
 
@@ -13,6 +13,7 @@
 #include <boost/mpi/environment.hpp>
 
 #include "xtrain/parallel/mpi/abort.hpp"
+#include "xtrain/train/preemption.hpp"
 
 namespace xtrain::parallel {
 
@@ -44,18 +45,23 @@ class MpiEnvironment {
   MpiEnvironment& operator=(const MpiEnvironment&) = delete;
 
   /// Runs fn() and returns its exit code. An exception is printed with the rank; on several
-  /// ranks it then aborts the whole job (a rank that returned would leave the others waiting), on
-  /// one it returns 1.
+  /// ranks it then aborts the whole job (a rank that returned would leave the others waiting)
+  /// with the error's exit code (xtrain::exit_code_of: 65 for bad input, 1 otherwise), on one
+  /// it returns that code. Interrupted (a stop signal, thrown on every rank together) returns its
+  /// exit_code(): 75 when a checkpoint was saved.
   template <class F>
   int run(F&& fn) {
     try {
       return fn();
+    } catch (const Interrupted& e) {
+      return e.exit_code();
     } catch (const std::exception& e) {
+      const int code = exit_code_of(e);
       int size = 1;
       MPI_Comm_size(MPI_COMM_WORLD, &size);
-      if (size > 1) abort_job(std::string("error: ") + e.what() + " (aborting all ranks)");
+      if (size > 1) abort_job(std::string("error: ") + e.what() + " (aborting all ranks)", code);
       std::fprintf(stderr, "error: %s\n", e.what());
-      return 1;
+      return code;
     }
   }
 

@@ -1,0 +1,45 @@
+#!/bin/bash
+# Runs a training command so that a Slurm job survives its time limit and preemption:
+#   source examples/slurm/requeue.sh
+#   run_requeueable srun --mpi=pmix build/examples/fashion_mnist_mlp "${ARGS[@]}"
+#
+# With `#SBATCH --signal=B:USR1@90` Slurm sends SIGUSR1 to the batch script 90 s before the time
+# limit; at the limit, or on preemption, SIGTERM to every process of the job, then SIGKILL after
+# KillWait (30 s by default). Either signal reaching this script is passed on to the command as
+# SIGUSR1 (srun and mpirun forward it to every rank as is); the ranks finish their step, save a
+# checkpoint and exit 75 (xtrain::exit_code::interrupted). On 75 the job requeues itself
+# (`#SBATCH --requeue`); the requeued job keeps its SLURM_JOB_ID, so a --project-dir named after it
+# finds the checkpoint, and the command gets --resume latest. Any other exit code ends the job.
+# Outside Slurm (no SLURM_JOB_ID) the command runs the same way and nothing is requeued.
+
+run_requeueable() {
+  local command=("$@") project="" i
+  for ((i = 0; i < ${#command[@]}; ++i)); do
+    case "${command[i]}" in
+      --project-dir) project=${command[i + 1]:-} ;;
+      --project-dir=*) project=${command[i]#--project-dir=} ;;
+    esac
+  done
+  if [ -n "$project" ] && compgen -G "$project/checkpoints/checkpoint_[0-9]*" > /dev/null; then
+    echo "[requeue] resuming from the latest checkpoint in $project (restart ${SLURM_RESTART_COUNT:-0})"
+    command+=(--resume latest)
+  fi
+  "${command[@]}" &
+  local job=$! rc
+  trap 'echo "[requeue] signal received: asking the ranks to save"; kill -USR1 '"$job"' 2> /dev/null' USR1 TERM INT
+  while true; do  # a trapped signal interrupts wait: wait again until the command ends
+    rc=0
+    wait "$job" || rc=$?
+    kill -0 "$job" 2> /dev/null || break
+  done
+  trap - USR1 TERM INT
+  if [ "$rc" -eq 75 ]; then  # xtrain::exit_code::interrupted
+    if [ -n "${SLURM_JOB_ID:-}" ]; then
+      echo "[requeue] checkpoint saved: requeueing job ${SLURM_JOB_ID}"
+      scontrol requeue "${SLURM_JOB_ID}"
+    else
+      echo "[requeue] checkpoint saved; not under Slurm, nothing to requeue: rerun with --resume latest"
+    fi
+  fi
+  return "$rc"
+}

@@ -1,0 +1,187 @@
+#pragma once
+/// \file preemption.hpp
+/// Stopping a run cleanly on a signal (a cluster's preemption or time limit, Ctrl-C):
+/// `StopSignals` handles SIGTERM, SIGINT and SIGUSR1 (or the signals you name) while it lives; the
+/// handler only records the signal. At a step boundary `poll(communicator)` tells every rank the
+/// same thing, whether any rank received one, so all ranks stop at the same step (a collective,
+/// made every few steps: about every 20 ms of training, never less often than every 64 steps).
+/// Trainer::fit then saves a checkpoint and throws `Interrupted`; programs return
+/// `exit_code::interrupted` (75), which launchers and Slurm scripts take as "resume me".
+
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <exception>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "xtrain/core/error.hpp"
+
+namespace xtrain {
+
+/// The exit codes of xtrain programs, what a launcher (scripts/xtrain-run) or a Slurm script
+/// decides on. A process killed by signal N shows as 128 + N.
+namespace exit_code {
+inline constexpr int success = 0;
+/// An error a restart may cure: a rank that died or stalled, an I/O error.
+inline constexpr int failure = 1;
+/// A bad command line (the examples' flags): restarting cannot help.
+inline constexpr int usage = 2;
+/// Bad input: a data file, a shape, an option, ranks that disagree (sysexits' EX_DATAERR).
+/// Deterministic: restarting cannot help.
+inline constexpr int bad_input = 65;
+/// Stopped on a signal after saving a checkpoint: resume from it (sysexits' EX_TEMPFAIL).
+inline constexpr int interrupted = 75;
+}  // namespace exit_code
+
+/// The exit code for an error that ended a run: bad_input for a ShapeError, ValueError or
+/// DataError (they recur on every restart), failure for the rest.
+inline int exit_code_of(const std::exception& e) noexcept {
+  if (dynamic_cast<const ShapeError*>(&e) || dynamic_cast<const ValueError*>(&e) || dynamic_cast<const DataError*>(&e))
+    return exit_code::bad_input;
+  return exit_code::failure;
+}
+
+/// "SIGTERM", "SIGUSR1", ... ("signal N" for others).
+inline std::string signal_name(int sig) {
+  switch (sig) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGHUP: return "SIGHUP";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGXCPU: return "SIGXCPU";
+    default: return "signal " + std::to_string(sig);
+  }
+}
+
+/// Thrown by Trainer::fit on every rank (at the same step) after a stop signal, once the
+/// checkpoint is written. main() returns exit_code(): `catch (const xtrain::Interrupted& e) {
+/// return e.exit_code(); }` (parallel::MpiEnvironment::run does this for you).
+class Interrupted : public std::exception {
+ public:
+  Interrupted(int sig, std::string checkpoint, std::string message)
+      : signal_(sig), checkpoint_(std::move(checkpoint)), message_(std::move(message)) {}
+  /// The signal that stopped the run.
+  int signal() const noexcept { return signal_; }
+  /// The checkpoint folder written, empty when nothing could be saved.
+  const std::string& checkpoint() const noexcept { return checkpoint_; }
+  bool saved() const noexcept { return !checkpoint_.empty(); }
+  /// exit_code::interrupted when a checkpoint was saved, otherwise 128 + the signal (as if the
+  /// signal had killed the process: a restart starts from the previous checkpoint, if any).
+  int exit_code() const noexcept { return saved() ? exit_code::interrupted : 128 + signal_; }
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  int signal_;
+  std::string checkpoint_, message_;
+};
+
+namespace detail {
+static_assert(std::atomic<int>::is_always_lock_free, "signal handlers need lock-free atomics");
+inline std::atomic<int> stop_signal{0};      // the first stop signal received; 0: none
+inline std::atomic<int> interrupt_count{0};  // SIGINTs received
+inline std::atomic<int> stop_signal_users{0};
+
+inline void on_stop_signal(int sig) {  // async-signal-safe: atomics, signal(), raise()
+  const int saved_errno = errno;
+  int none = 0;
+  stop_signal.compare_exchange_strong(none, sig);
+  if (sig == SIGINT && interrupt_count.fetch_add(1) + 1 >= 3) {  // Ctrl-C three times: quit now
+    ::signal(SIGINT, SIG_DFL);
+    ::raise(SIGINT);
+  }
+  errno = saved_errno;
+}
+}  // namespace detail
+
+/// Handles stop signals while it lives and restores the previous handlers when destroyed. The
+/// handler records the signal and returns: the program stops where it chooses, at a step
+/// boundary, so further signals (Slurm and mpirun may each send one) cannot tear a checkpoint
+/// being written. A third Ctrl-C ends the process at once.
+class StopSignals {
+ public:
+  /// SIGTERM (Slurm's preemption and time limit, mpirun's forwarding of it), SIGINT (Ctrl-C) and
+  /// SIGUSR1 (what `#SBATCH --signal=B:USR1@90` asks for ahead of the time limit).
+  static std::vector<int> defaults() { return {SIGTERM, SIGINT, SIGUSR1}; }
+
+  explicit StopSignals(std::vector<int> signals = defaults()) : signals_(std::move(signals)) {
+    if (detail::stop_signal_users.fetch_add(1) == 0) {
+      detail::stop_signal.store(0);
+      detail::interrupt_count.store(0);
+    }
+    previous_.resize(signals_.size());
+    for (std::size_t i = 0; i < signals_.size(); ++i) {
+      struct sigaction action = {};
+      action.sa_handler = &detail::on_stop_signal;
+      sigemptyset(&action.sa_mask);
+      action.sa_flags = SA_RESTART;
+      XTRAIN_CHECK(::sigaction(signals_[i], &action, &previous_[i]) == 0, ValueError, "StopSignals: cannot handle ",
+                   signal_name(signals_[i]));
+    }
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  ~StopSignals() {
+    for (std::size_t i = signals_.size(); i-- > 0;) ::sigaction(signals_[i], &previous_[i], nullptr);
+    detail::stop_signal_users.fetch_sub(1);
+  }
+
+  /// The first stop signal this process received (0: none). Local: other ranks may differ.
+  static int received() noexcept { return detail::stop_signal.load(std::memory_order_relaxed); }
+
+  /// Call at every step boundary, on every rank at the same steps: returns the stop signal that
+  /// some rank received (every rank gets the same answer, so they stop together), or 0. Every few
+  /// calls it is a small collective (an allreduce of a few numbers); on one process it only reads
+  /// a flag.
+  template <class Communicator>
+  int poll(Communicator& comm) {
+    return poll(comm, received());
+  }
+  /// The same with this rank's signal given (0: none), e.g. from another source of stop requests.
+  template <class Communicator>
+  int poll(Communicator& comm, int mine) {
+    if (signals_.empty()) return 0;
+    if (comm.size() == 1) return mine;
+    if (++calls_ < interval_) return 0;
+    const auto now = std::chrono::steady_clock::now();
+    const double per_call =
+        last_ == std::chrono::steady_clock::time_point{} ? 0.0
+                                                         : std::chrono::duration<double>(now - last_).count() / calls_;
+    last_ = now;
+    calls_ = 0;
+    // [proposed next interval, then per watched signal: 1 if it is this rank's first signal]
+    // Whole numbers, so the sums are exact and the same on every rank.
+    votes_.assign(signals_.size() + 1, 0.0);
+    votes_[0] = per_call > 0.0 ? std::clamp(std::floor(target_seconds / per_call), 1.0, double(max_interval)) : 1.0;
+    for (std::size_t i = 0; i < signals_.size(); ++i)
+      if (signals_[i] == mine) votes_[i + 1] = 1.0;
+    comm.allreduce_sum(std::span<double>(votes_), "stop signal check");
+    interval_ = static_cast<std::size_t>(std::ceil(votes_[0] / static_cast<double>(comm.size())));
+    for (std::size_t i = 0; i < signals_.size(); ++i)
+      if (votes_[i + 1] > 0.0) return signals_[i];
+    return 0;
+  }
+
+  const std::vector<int>& signals() const noexcept { return signals_; }
+
+ private:
+  static constexpr double target_seconds = 0.02;  // how often ranks compare notes, in training time
+  static constexpr std::size_t max_interval = 64;
+
+  std::vector<int> signals_;
+  std::vector<struct sigaction> previous_;
+  std::size_t calls_ = 0, interval_ = 1;
+  std::chrono::steady_clock::time_point last_{};
+  std::vector<double> votes_;
+};
+
+}  // namespace xtrain
