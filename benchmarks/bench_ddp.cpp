@@ -29,7 +29,7 @@ int run(Model model, const Setup& s) {
   comm.compress_gradients(s.compress == "bf16"   ? xtrain::parallel::Compression::bf16
                           : s.compress == "fp16" ? xtrain::parallel::Compression::fp16
                                                  : xtrain::parallel::Compression::none);
-  const auto [train, test] = xtrain::data::fashion_mnist("/usr/share/datasets/fashion-mnist");
+  const auto [train, test] = xtrain::data::fashion_mnist(xtrain::data::default_data_dir());
   xtrain::Trainer<Model, xtrain::optim::Adam, Precision, xtrain::parallel::MpiAllReduce> trainer{
       std::move(model), xtrain::optim::Adam{},
       xtrain::TrainerOptions{}

@@ -13,7 +13,6 @@
 #include <vector>
 
 #include <benchmark/benchmark.h>
-
 #include <xtrain/xtrain.hpp>
 
 namespace nn = xtrain::layers;
@@ -23,9 +22,7 @@ using xtrain::kernels::Trans;
 
 namespace {
 
-std::size_t heap_in_use() {
-  return mallinfo2().uordblks;
-}
+std::size_t heap_in_use() { return mallinfo2().uordblks; }
 
 template <class T>
 std::vector<T> random_values(std::size_t n, float scale, std::uint64_t seed) {
@@ -103,7 +100,7 @@ auto wide_model() {
 // One optimizer step (Adam) on Fashion-MNIST batches; range(0): 0 homework, 1 wide.
 template <class T>
 void BM_TrainStep(benchmark::State& state) {
-  static const auto data = xtrain::data::fashion_mnist("/usr/share/datasets/fashion-mnist");
+  static const auto data = xtrain::data::fashion_mnist(xtrain::data::default_data_dir());
   auto run = [&](auto model, std::size_t batch) {
     using Model = decltype(model);
     const std::size_t before = heap_in_use();
@@ -163,9 +160,7 @@ void gemm_shapes(benchmark::internal::Benchmark* b) {
 void linear_shapes(benchmark::internal::Benchmark* b) {
   b->Args({32, 784, 32})->Args({256, 784, 1024})->Unit(benchmark::kMicrosecond);
 }
-void models(benchmark::internal::Benchmark* b) {
-  b->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
-}
+void models(benchmark::internal::Benchmark* b) { b->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond); }
 void activation_shapes(benchmark::internal::Benchmark* b) {
   for (std::int64_t kind = 0; kind <= 5; ++kind)
     for (std::int64_t bwd : {0, 1}) {

@@ -3,11 +3,10 @@
 // checkpoint save/load and model export (op 0 save_state, 1 load_state, 2 save_model).
 //
 //   build/benchmarks/bench_train --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
-#include <benchmark/benchmark.h>
-
 #include <filesystem>
 #include <string>
 
+#include <benchmark/benchmark.h>
 #include <xtrain/xtrain.hpp>
 
 namespace nn = xtrain::layers;
@@ -34,7 +33,7 @@ void BM_LinearForwardBackward(benchmark::State& state) {
     benchmark::DoNotOptimize(layer.forward(ctx, x).data());
     benchmark::DoNotOptimize(layer.backward(ctx, dy).data());
   }
-  const double flops = 2.0 * batch * in * out * (first ? 2 : 3);
+  const double flops = 2.0 * static_cast<double>(batch * in * out) * (first ? 2 : 3);
   state.counters["GFLOP/s"] =
       benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
   state.counters["samples/s"] =
@@ -59,8 +58,8 @@ void BM_Gemm(benchmark::State& state) {
     xtrain::kernels::gemm(Trans::no, Trans::yes, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n);
     benchmark::DoNotOptimize(c.data());
   }
-  state.counters["GFLOP/s"] =
-      benchmark::Counter(2.0 * m * n * k, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      2.0 * static_cast<double>(m * n * k), benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_Gemm)->ArgNames({"M", "K", "N"})->Args({32, 784, 32})->Args({256, 784, 1024})->Args({1024, 1024, 1024});
 

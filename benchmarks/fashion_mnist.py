@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
+DEFAULT_DIR = os.environ.get("XTRAIN_DATA_DIR") or "/usr/share/datasets/fashion-mnist"
 
 
 def idx(path):

@@ -25,7 +25,7 @@ def main():
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--broadcast-buffers", type=int, default=1)
-    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--data", default=os.environ.get("XTRAIN_DATA_DIR") or "/usr/share/datasets/fashion-mnist")
     a = p.parse_args()
     torch.set_num_threads(1)
     distributed = "RANK" in os.environ

@@ -26,7 +26,7 @@ def load(data, split):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--data", default=os.environ.get("XTRAIN_DATA_DIR") or "/usr/share/datasets/fashion-mnist")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--hidden", type=int, default=32)

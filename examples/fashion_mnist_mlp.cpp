@@ -23,7 +23,7 @@
 namespace {
 
 struct Flags {
-  std::string data = "/usr/share/datasets/fashion-mnist";
+  std::string data = xtrain::data::default_data_dir();
   std::size_t epochs = 10, batch = 32, hidden = 32;
   std::string activation = "relu";
   float lr = 1e-3f;
@@ -44,7 +44,8 @@ constexpr const char* usage =
     "           [--project-dir DIR [--checkpoint-every-steps K] [--total-limit L]] [--resume latest|DIR]\n"
     "           [--export FILE.safetensors] [--precision fp32|bf16|fp16] [--compress-grads bf16|fp16]\n"
     "  --data DIR        Fashion-MNIST IDX folder, or a folder with train_x.npy, train_y.npy,\n"
-    "                    test_x.npy, test_y.npy (default /usr/share/datasets/fashion-mnist)\n"
+    "                    test_x.npy, test_y.npy (default $XTRAIN_DATA_DIR, else\n"
+    "                    /usr/share/datasets/fashion-mnist: Debian's dataset-fashion-mnist)\n"
     "  --epochs N        passes over the training set (default 10)\n"
     "  --batch N         samples per step on EACH process (default 32; global batch = N x P)\n"
     "  --global-batch N  samples per step over ALL processes (same training on any P)\n"
@@ -213,8 +214,9 @@ int run_training(const Flags& flags) {
         flags.accumulate > 1 ? (" x " + std::to_string(flags.accumulate) + " accumulated").c_str() : "", flags.epochs,
         static_cast<unsigned long long>(flags.seed), Precision::name,
         flags.compress == "none" ? "fp32" : flags.compress.c_str(),
-        flags.deterministic ? (" | deterministic reduction per " + std::to_string(flags.deterministic) + " samples").c_str()
-                            : "");
+        flags.deterministic
+            ? (" | deterministic reduction per " + std::to_string(flags.deterministic) + " samples").c_str()
+            : "");
     report_kernels(flags.precision);
   }
   if (!flags.resume.empty()) {

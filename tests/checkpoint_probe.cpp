@@ -31,9 +31,7 @@ const data::TensorDataset& eval() {
   static const auto d = test::head(test::fashion().test, 500);
   return d;
 }
-TrainerOptions options(std::size_t epochs) {
-  return TrainerOptions{}.epochs(epochs).seed(3).verbose(false);
-}
+TrainerOptions options(std::size_t epochs) { return TrainerOptions{}.epochs(epochs).seed(3).verbose(false); }
 void write(const std::string& path, ProbeTrainer& t) {
   std::ofstream out(path, std::ios::binary);
   auto put = [&](std::span<const float> v) {

@@ -34,8 +34,8 @@ int main(int argc, char** argv) {
     namespace nn = xtrain::layers;
     auto model = nn::Sequential{nn::Linear{4, 4}, nn::ReLU{}, nn::Linear{4, 2}};
     xtrain::Trainer<decltype(model), xtrain::optim::Adam, xtrain::FullPrecision, xtrain::parallel::MpiAllReduce> t{
-        std::move(model), xtrain::optim::Adam{}, xtrain::TrainerOptions{}.seed(comm.rank() == 1 ? 43 : 42).verbose(false),
-        std::move(comm)};
+        std::move(model), xtrain::optim::Adam{},
+        xtrain::TrainerOptions{}.seed(comm.rank() == 1 ? 43 : 42).verbose(false), std::move(comm)};
     xtrain::Matrix x({64, 4});
     const xtrain::data::TensorDataset data(x, std::vector<std::int32_t>(64, 1), 2, "probe");
     t.fit(data, data);

@@ -17,6 +17,11 @@ example=$2
 work=$3/preemption
 source_dir=$4
 mkdir -p "$work"
+data=${XTRAIN_DATA_DIR:-/usr/share/datasets/fashion-mnist}
+if [ ! -e "$data/train-images-idx3-ubyte.gz" ] && [ ! -e "$data/train-images-idx3-ubyte" ]; then
+  echo "SKIP: the example needs Fashion-MNIST, which is not in $data (install dataset-fashion-mnist or set XTRAIN_DATA_DIR)"
+  exit 77
+fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 # 4 epochs of 469 steps on 2 ranks, about 0.5 s each here; the deterministic reduction makes the
 # parameters the same on 1, 2 and 4 ranks.
@@ -34,6 +39,17 @@ wait_for() {
     sleep 0.05
   done
   fail "no '$pattern' after 120 s"
+}
+
+# Waits (at most 120 s) until DIR exists; fails if PID ends first.
+wait_for_dir() {
+  local dir=$1 pid=$2
+  for _ in $(seq 1 2400); do
+    [ -d "$dir" ] && return 0
+    kill -0 "$pid" 2> /dev/null || fail "the run ended before $dir was written"
+    sleep 0.05
+  done
+  fail "no $dir after 120 s"
 }
 
 # Runs the example on NP ranks in DIR (project dir DIR/run), exported model DIR/model.safetensors.
@@ -181,8 +197,8 @@ EOF
     for epoch in 1 2; do
       wait_for "Epoch \[$epoch/4\]" "$dir/out" "$launcher"
       # the checkpoint of this epoch is written after its line: wait for it, then kill mid-epoch
-      until [ -d "$dir/run/checkpoints/checkpoint_$((epoch - 1))" ]; do sleep 0.05; done
-      sleep 0.3
+      wait_for_dir "$dir/run/checkpoints/checkpoint_$((epoch - 1))" "$launcher"
+      sleep 0.1
       mpirun_pid=$(pgrep -P "$launcher" mpirun) || fail "no mpirun under the launcher"
       kill -KILL "$(pgrep -P "$mpirun_pid" | tail -1)"
       echo "killed a rank during epoch $((epoch + 1))"
@@ -249,7 +265,7 @@ EOF
     mpirun -np 2 "$example" "${args[@]}" --project-dir "$dir/run" > "$dir/out" 2> "$dir/out.err" &
     pid=$!
     wait_for 'Epoch \[1/4\]' "$dir/out" "$pid"
-    until [ -d "$dir/run/checkpoints/checkpoint_0" ]; do sleep 0.05; done
+    wait_for_dir "$dir/run/checkpoints/checkpoint_0" "$pid"
     kill -USR1 "$pid"
     wait "$pid"
     rc=$?

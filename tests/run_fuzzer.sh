@@ -14,7 +14,7 @@ mkdir -p "$work/corpus" "$work/findings"
 seed() { { printf "\\x$(printf '%02x' "$1")"; cat "$2"; } > "$work/corpus/$(basename "$2").$1"; }
 for f in "$src"/tests/fixtures/parity/{x,y,init.0.bias}.npy; do seed 2 "$f"; done
 seed 1 "$src/tests/fixtures/parity/simple_model_init.safetensors"
-gzip -dc /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz | head -c 2000 > "$work/labels.idx"
+gzip -dc "${XTRAIN_DATA_DIR:-/usr/share/datasets/fashion-mnist}/t10k-labels-idx1-ubyte.gz" | head -c 2000 > "$work/labels.idx"
 seed 3 "$work/labels.idx"
 [ -f "$2/interop/model.safetensors" ] && seed 1 "$2/interop/model.safetensors"
 state=$(ls "$2"/kill_project/checkpoints/checkpoint_*/state.xtrain 2> /dev/null | head -1 || true)

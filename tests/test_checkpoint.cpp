@@ -40,9 +40,7 @@ TrainerOptions options(std::size_t epochs) {
   return TrainerOptions{}.epochs(epochs).batch_size(32).seed(3).verbose(false);
 }
 
-std::vector<float> values(BnTrainer& t) {
-  return {t.params().values().begin(), t.params().values().end()};
-}
+std::vector<float> values(BnTrainer& t) { return {t.params().values().begin(), t.params().values().end()}; }
 std::vector<float> moments(BnTrainer& t) {
   auto& s = t.optimizer_state();
   std::vector<float> v(s.exp_avg.begin(), s.exp_avg.end());

@@ -11,9 +11,10 @@
 #include <string>
 #include <vector>
 
-#include <zlib.h>
 #include <catch2/catch.hpp>
+#include <zlib.h>
 
+#include "support.hpp"
 #include "xtrain/xtrain.hpp"
 
 using namespace xtrain;
@@ -224,7 +225,7 @@ TEST_CASE("IDX: plain and gzip folders load and bad files are named", "[data][id
 }
 
 TEST_CASE("The real Fashion-MNIST from Debian's dataset-fashion-mnist", "[data][fashion]") {
-  const auto [train, test] = data::fashion_mnist("/usr/share/datasets/fashion-mnist");
+  const auto [train, test] = data::fashion_mnist(test::fashion_dir());
   REQUIRE(train.size() == 60000);
   REQUIRE(test.size() == 10000);
   REQUIRE(train.feature_count() == 784);

@@ -59,9 +59,7 @@ void gemm_suite() {
 }
 }  // namespace
 
-TEST_CASE("GEMM matches the scalar reference (default arch)", "[kernels][gemm]") {
-  gemm_suite<simd::default_arch>();
-}
+TEST_CASE("GEMM matches the scalar reference (default arch)", "[kernels][gemm]") { gemm_suite<simd::default_arch>(); }
 
 TEST_CASE("GEMM matches the scalar reference (SSE2: the plain x86-64 path)", "[kernels][gemm]") {
   gemm_suite<xsimd::sse2>();
@@ -101,24 +99,12 @@ void check_activation(double (*f)(double), double (*df)(double)) {
 
 TEST_CASE("Activation kernels match their double-precision definitions", "[kernels][activations]") {
   namespace ref = kernels::reference;
-  SECTION("relu") {
-    check_activation<kernels::ops::Relu>(ref::relu, ref::relu_grad);
-  }
-  SECTION("tanh") {
-    check_activation<kernels::ops::Tanh>(ref::tanh, ref::tanh_grad);
-  }
-  SECTION("sigmoid") {
-    check_activation<kernels::ops::Sigmoid>(ref::sigmoid, ref::sigmoid_grad);
-  }
-  SECTION("gelu") {
-    check_activation<kernels::ops::GeluErf>(ref::gelu_erf, ref::gelu_erf_grad);
-  }
-  SECTION("silu") {
-    check_activation<kernels::ops::Silu>(ref::silu, ref::silu_grad);
-  }
-  SECTION("gelu tanh") {
-    check_activation<kernels::ops::GeluTanh>(ref::gelu_tanh, ref::gelu_tanh_grad);
-  }
+  SECTION("relu") { check_activation<kernels::ops::Relu>(ref::relu, ref::relu_grad); }
+  SECTION("tanh") { check_activation<kernels::ops::Tanh>(ref::tanh, ref::tanh_grad); }
+  SECTION("sigmoid") { check_activation<kernels::ops::Sigmoid>(ref::sigmoid, ref::sigmoid_grad); }
+  SECTION("gelu") { check_activation<kernels::ops::GeluErf>(ref::gelu_erf, ref::gelu_erf_grad); }
+  SECTION("silu") { check_activation<kernels::ops::Silu>(ref::silu, ref::silu_grad); }
+  SECTION("gelu tanh") { check_activation<kernels::ops::GeluTanh>(ref::gelu_tanh, ref::gelu_tanh_grad); }
 }
 
 TEST_CASE("column_sums matches the reference and accumulates on request", "[kernels]") {

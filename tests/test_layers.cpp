@@ -200,7 +200,7 @@ TEST_CASE("Dropout: rate and scale and identity in eval and masks independent of
     REQUIRE((v == 0.0f || v == Approx(1.0f / 0.75f)));
     zeros += v == 0.0f;
   }
-  REQUIRE(static_cast<double>(zeros) / y.size() == Approx(0.25).margin(0.02));
+  REQUIRE(static_cast<double>(zeros) / static_cast<double>(y.size()) == Approx(0.25).margin(0.02));
   // Rows 100..199 computed alone, as rank 1 of 2 would, give the same mask.
   Matrix half({100, 50});
   half.fill(1.0f);

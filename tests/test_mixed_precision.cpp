@@ -43,7 +43,9 @@ std::pair<std::vector<float>, std::vector<float>> logits_and_grads() {
     dy.data()[i] = kernels::narrow<T>(std::sin(0.37f * static_cast<float>(i)) / static_cast<float>(n));
   model.backward(ctx, dy);
   std::vector<float> grads;
-  visit_parameters(model, [&](const std::string&, Param& p, ParamKind) { grads.insert(grads.end(), p.grads().begin(), p.grads().end()); });
+  visit_parameters(model, [&](const std::string&, Param& p, ParamKind) {
+    grads.insert(grads.end(), p.grads().begin(), p.grads().end());
+  });
   return {logits, grads};
 }
 

@@ -34,7 +34,6 @@ Matrix module_fixture(const std::string& name) {
   return t;
 }
 
-
 /// PyTorch: Sequential(Linear(6, 8), Residual(Sequential(Linear(8, 8), Tanh(), Linear(8, 8))), ReLU(),
 /// Sequential(Linear(8, 4))), Residual transparent in names ("1.0.weight", "3.0.bias").
 auto nested_model() {
@@ -68,8 +67,7 @@ Matrix fixed_input(const Shape& shape) {
 }
 }  // namespace
 
-TEST_CASE("Nested Residual/Sequential on a rank-3 input matches PyTorch: y, dx, every gradient",
-          "[module_parity]") {
+TEST_CASE("Nested Residual/Sequential on a rank-3 input matches PyTorch: y, dx, every gradient", "[module_parity]") {
   auto model = nested_model();
   REQUIRE(load_init(model, "nested") == nested_names);
 
@@ -123,15 +121,14 @@ TEST_CASE("Nested model in a Trainer: arena names are the state_dict names, grad
     require_parity("grad " + e.name, arena.grads(e), module_fixture("nested.grad." + e.name));
 }
 
-TEST_CASE("Tied weights match PyTorch: one slot with one alias, gradient summed over both uses",
-          "[module_parity]") {
+TEST_CASE("Tied weights match PyTorch: one slot with one alias, gradient summed over both uses", "[module_parity]") {
   auto model = nn::Sequential{nn::Linear{4, 4, false}, nn::Tanh{}, nn::Linear{4, 4}};
   model.get<2>().weight().tie(model.get<0>().weight());
   REQUIRE(model.get<2>().weight().shares_storage_with(model.get<0>().weight()));
   REQUIRE(load_init(model, "tied") == std::vector<std::string>{"0.weight", "2.weight", "2.bias"});
   // PyTorch's state_dict holds the tied weight under both names, with equal values.
   require_parity("init 2.weight = init 0.weight", module_fixture("tied.init.2.weight"),
-                module_fixture("tied.init.0.weight"));
+                 module_fixture("tied.init.0.weight"));
 
   ParamArena arena(model);
   REQUIRE(arena.entries().size() == 2);
@@ -181,7 +178,8 @@ TEST_CASE("Export the trained nested model for PyTorch", "[.export_nested]") {
   const Matrix batch = fixed_input({8, 6});
   std::vector<std::int32_t> labels(8);
   for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>(i % 4);
-  for (int step = 0; step < 2; ++step) trainer.train_step(batch, std::span<const std::int32_t>(labels), 0, labels.size());
+  for (int step = 0; step < 2; ++step)
+    trainer.train_step(batch, std::span<const std::int32_t>(labels), 0, labels.size());
   // Every parameter moved away from its initial values.
   for (const auto& e : trainer.params().entries()) {
     float moved = 0;

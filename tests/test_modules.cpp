@@ -56,8 +56,8 @@ std::vector<float> train_nested(std::size_t ranks, TrainerOptions options, Make 
   std::vector<float> params;
   std::mutex m;
   parallel::launch_threads(ranks, [&](ThreadAllReduce& comm) {
-    Trainer<decltype(make()), optim::Adam, FullPrecision, ThreadAllReduce> t{
-        make(), optim::Adam{}.lr(2e-3f), options.epochs(1).verbose(false), comm};
+    Trainer<decltype(make()), optim::Adam, FullPrecision, ThreadAllReduce> t{make(), optim::Adam{}.lr(2e-3f),
+                                                                             options.epochs(1).verbose(false), comm};
     t.fit(train1024(), test200());
     std::lock_guard lock(m);
     if (comm.rank() == 0) {
@@ -152,11 +152,12 @@ TEST_CASE("Nested models: hierarchical names, module ids, gradcheck of a residua
   assign_module_ids(model);
   REQUIRE(model.get<2>().id() == 7);
   REQUIRE(model.get<3>().get<1>().id() == 10);
-  REQUIRE_THAT(model.describe(), Catch::Contains("(1): Residual(Sequential(") && Catch::Contains("  (0): Linear(32, 32)"));
+  REQUIRE_THAT(model.describe(),
+               Catch::Contains("(1): Residual(Sequential(") && Catch::Contains("  (0): Linear(32, 32)"));
 
   set_seed(2);
-  auto block = nn::Sequential{nn::Linear{6, 8}, nn::Residual{nn::Sequential{nn::Linear{8, 8}, nn::Tanh{}, nn::Linear{8, 8}}},
-                              nn::Linear{8, 3}};
+  auto block = nn::Sequential{
+      nn::Linear{6, 8}, nn::Residual{nn::Sequential{nn::Linear{8, 8}, nn::Tanh{}, nn::Linear{8, 8}}}, nn::Linear{8, 3}};
   const auto r = testing::gradcheck(block, random_tensor({4, 6}, 5));
   INFO(r.report);
   REQUIRE(r.ok);
@@ -218,7 +219,7 @@ TEST_CASE("Readiness: a parameter never reported, or reported twice, is an error
 TEST_CASE("Weight tying: one arena slot, its gradient the sum of both uses, any bucket layout", "[modules]") {
   auto tied = [] {
     set_seed(7);
-    auto m = nn::Sequential{nn::Linear{784, 32}, nn::ReLU{}, nn::Linear{32, 32, false}, nn::Tanh{},
+    auto m = nn::Sequential{nn::Linear{784, 32},       nn::ReLU{},        nn::Linear{32, 32, false}, nn::Tanh{},
                             nn::Linear{32, 32, false}, nn::Linear{32, 10}};
     m.get<4>().weight().tie(m.get<2>().weight());
     return m;
@@ -238,7 +239,8 @@ TEST_CASE("Weight tying: one arena slot, its gradient the sum of both uses, any 
   arena.zero_grad();
   model.forward(ctx, x);
   model.backward(ctx, dy);
-  visit_parameters(copy, [](const std::string&, Param& p, ParamKind) { std::fill(p.grads().begin(), p.grads().end(), 0.0f); });
+  visit_parameters(
+      copy, [](const std::string&, Param& p, ParamKind) { std::fill(p.grads().begin(), p.grads().end(), 0.0f); });
   copy.forward(ctx, x);
   copy.backward(ctx, dy);
   const auto g2 = copy.get<2>().weight().grads(), g4 = copy.get<4>().weight().grads();
@@ -289,15 +291,15 @@ TEST_CASE("Parameter groups: AdamW without decay on biases and norms; kept in ch
     std::vector<float> weights, others;
     for (const auto& e : t.params().entries()) {
       auto v = t.params().values(e);
-      (e.kind == ParamKind::weight ? weights : others).insert((e.kind == ParamKind::weight ? weights : others).end(),
-                                                              v.begin(), v.end());
+      (e.kind == ParamKind::weight ? weights : others)
+          .insert((e.kind == ParamKind::weight ? weights : others).end(), v.begin(), v.end());
     }
     return std::pair{weights, others};
   };
   const auto grouped = run(0.1f, {optim::ParamGroup::no_weight_decay()});
   const auto decayed = run(0.1f, {}), plain = run(0.0f, {});
-  REQUIRE(grouped.first == decayed.first);   // Linear weights decay as without groups
-  REQUIRE(grouped.second == plain.second);   // biases and BatchNorm's affine parameters do not
+  REQUIRE(grouped.first == decayed.first);  // Linear weights decay as without groups
+  REQUIRE(grouped.second == plain.second);  // biases and BatchNorm's affine parameters do not
   REQUIRE(grouped.second != decayed.second);
 
   // ZeRO-1 steps each rank's block run by run: bitwise the unsharded step (threads sum in rank order).
@@ -319,9 +321,8 @@ TEST_CASE("Parameter groups: AdamW without decay on biases and norms; kept in ch
   const auto dir = std::filesystem::temp_directory_path() / "xtrain_param_groups";
   std::filesystem::remove_all(dir);
   {
-    Trainer t{make(), optim::AdamW{}, TrainerOptions{}
-                                          .param_groups({optim::ParamGroup::no_weight_decay().lr_scale(0.5f)})
-                                          .verbose(false)};
+    Trainer t{make(), optim::AdamW{},
+              TrainerOptions{}.param_groups({optim::ParamGroup::no_weight_decay().lr_scale(0.5f)}).verbose(false)};
     t.save_state(dir.string());
   }
   Trainer same{make(), optim::AdamW{},

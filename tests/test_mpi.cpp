@@ -1,13 +1,13 @@
 // Data parallelism over real MPI (run by ctest under mpiexec -n 2 and -n 4, shared memory and
 // TCP). Runs on 1, 2 and 4 ranks are compared inside one job through sub-communicators.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-
 #include <cmath>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "support.hpp"
 #include "xtrain/parallel/mpi.hpp"
@@ -234,9 +234,7 @@ TEST_CASE("MPI: bf16 training with bf16-compressed gradients learns and keeps th
 
 namespace {
 // Sums of small integers are exact in fp32: any summation order gives the same bits.
-float summand(std::size_t rank, std::size_t i) {
-  return static_cast<float>((i * 7 + rank * 13) % 101) - 50.0f;
-}
+float summand(std::size_t rank, std::size_t i) { return static_cast<float>((i * 7 + rank * 13) % 101) - 50.0f; }
 void check_float_sums(MpiAllReduce& comm) {
   // 1 value, an odd size, and more than the scratch slots hold (several chunks).
   for (const std::size_t n : {std::size_t{1}, std::size_t{1001}, std::size_t{1'300'007}}) {
@@ -354,8 +352,8 @@ std::vector<float> train_nested(int ranks, TrainerOptions options, MakeComm make
   std::vector<float> params;
   if (group != MPI_COMM_NULL) {
     static const auto train = head(fashion().train, 1024), test = head(fashion().test, 200);
-    Trainer<decltype(nested()), optim::Adam, FullPrecision, Comm> t{
-        nested(), optim::Adam{}.lr(2e-3f), options.epochs(1).verbose(false), make_comm(group)};
+    Trainer<decltype(nested()), optim::Adam, FullPrecision, Comm> t{nested(), optim::Adam{}.lr(2e-3f),
+                                                                    options.epochs(1).verbose(false), make_comm(group)};
     t.fit(train, test);
     if (world_rank() == 0) {
       params.assign(t.params().values().begin(), t.params().values().end());

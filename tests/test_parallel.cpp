@@ -44,9 +44,10 @@ std::vector<float> train_on(std::size_t ranks, TrainerOptions options, MakeModel
                             std::vector<EpochMetrics>* metrics = nullptr) {
   std::vector<float> params;
   std::mutex m;
+  options.epochs(1).verbose(false);  // before the ranks start: they share `options`
   parallel::launch_threads(ranks, [&](ThreadAllReduce& comm) {
     Trainer<decltype(make_model()), optim::Adam, FullPrecision, ThreadAllReduce> t{
-        make_model(), optim::Adam{}.lr(2e-3f), options.epochs(1).verbose(false), comm};
+        make_model(), optim::Adam{}.lr(2e-3f), options, comm};
     const History h = t.fit(train3200(), test500());
     std::lock_guard lock(m);
     if (comm.rank() == 0) {
@@ -327,12 +328,11 @@ TEST_CASE("Ranks that disagree on the configuration or the data stop at once, na
                       Catch::Contains("the optimizer is 'Adam(lr=0.001") && Catch::Contains("'Adam(lr=0.002"));
   REQUIRE_THROWS_WITH(run([](TrainerOptions&, optim::Adam&, D& d, const data::TensorDataset& other) { d = &other; }),
                       Catch::Contains("the training set is 'size 3200, crc32") && Catch::Contains("on rank 0"));
-  REQUIRE_THROWS_WITH(
-      run([](TrainerOptions&, optim::Adam&, D& d, const data::TensorDataset&) {
-        static const auto smaller = head(fashion().train, 1600);
-        d = &smaller;
-      }),
-      Catch::Contains("the training set is 'size 1600"));
+  REQUIRE_THROWS_WITH(run([](TrainerOptions&, optim::Adam&, D& d, const data::TensorDataset&) {
+                        static const auto smaller = head(fashion().train, 1600);
+                        d = &smaller;
+                      }),
+                      Catch::Contains("the training set is 'size 1600"));
 }
 
 namespace {

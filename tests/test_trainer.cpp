@@ -214,9 +214,12 @@ TEST_CASE("A signal during fit() saves a checkpoint at that step, and resuming e
   REQUIRE(first.step() == 27);
   struct sigaction now = {};
   ::sigaction(SIGTERM, nullptr, &now);
-  REQUIRE(now.sa_handler == before.sa_handler);  // fit() gave the handler back
+  REQUIRE(now.sa_handler == &detail::on_stop_signal);  // latched: a late signal cannot kill the shutdown
+  REQUIRE(before.sa_handler != &detail::on_stop_signal);
 
-  set_seed(99);  // other initial values: the checkpoint must overwrite them
+  REQUIRE(StopSignals::received() == SIGTERM);  // the signal raised during the save was recorded
+  StopSignals::clear();                         // (or the next fit() would stop at once)
+  set_seed(99);                                 // other initial values: the checkpoint must overwrite them
   Trainer second{simple_model(8), optim::Adam{}, TrainerOptions{options}.project_dir(project.string())};
   SignalWhileSaving loaded;
   second.register_for_checkpointing(loaded);
@@ -224,8 +227,8 @@ TEST_CASE("A signal during fit() saves a checkpoint at that step, and resuming e
   REQUIRE(second.step() == 27);
   second.fit(train, test);
   REQUIRE(second.params().values().size() == straight.params().values().size());
-  REQUIRE(std::equal(second.params().values().begin(), second.params().values().end(),
-                     straight.params().values().begin()));
+  REQUIRE(
+      std::equal(second.params().values().begin(), second.params().values().end(), straight.params().values().begin()));
 
   Trainer nowhere{simple_model(8), optim::Adam{}, options};
   try {

@@ -13,30 +13,42 @@
 # Outside Slurm (no SLURM_JOB_ID) the command runs the same way and nothing is requeued.
 
 run_requeueable() {
-  local command=("$@") project="" i
+  local command=("$@") project="" i dir
   for ((i = 0; i < ${#command[@]}; ++i)); do
     case "${command[i]}" in
       --project-dir) project=${command[i + 1]:-} ;;
       --project-dir=*) project=${command[i]#--project-dir=} ;;
     esac
   done
-  if [ -n "$project" ] && compgen -G "$project/checkpoints/checkpoint_[0-9]*" > /dev/null; then
-    echo "[requeue] resuming from the latest checkpoint in $project (restart ${SLURM_RESTART_COUNT:-0})"
-    command+=(--resume latest)
+  if [ -n "$project" ]; then  # a complete checkpoint: checkpoint_N (not .tmp) holding state.xtrain
+    for dir in "$project"/checkpoints/checkpoint_*; do
+      if [[ "${dir##*/}" =~ ^checkpoint_[0-9]+$ ]] && [ -f "$dir/state.xtrain" ]; then
+        echo "[requeue] resuming from the latest checkpoint in $project (restart ${SLURM_RESTART_COUNT:-0})"
+        command+=(--resume latest)
+        break
+      fi
+    done
   fi
+  local previous_traps rc=0
+  previous_traps=$(trap -p USR1 TERM INT)
+  _xtrain_job=0
+  _xtrain_stop=0
+  # installed before the job starts, so that no signal can fall between the two
+  trap '_xtrain_stop=1; echo "[requeue] signal received: asking the ranks to save";
+        [ "$_xtrain_job" -gt 0 ] && kill -USR1 "$_xtrain_job" 2> /dev/null' USR1 TERM INT
   "${command[@]}" &
-  local job=$! rc
-  trap 'echo "[requeue] signal received: asking the ranks to save"; kill -USR1 '"$job"' 2> /dev/null' USR1 TERM INT
-  while true; do  # a trapped signal interrupts wait: wait again until the command ends
-    rc=0
-    wait "$job" || rc=$?
-    kill -0 "$job" 2> /dev/null || break
-  done
+  _xtrain_job=$!
+  [ "$_xtrain_stop" = 1 ] && kill -USR1 "$_xtrain_job" 2> /dev/null
+  # A trapped signal interrupts wait: wait again until the job has ended, then once more for its
+  # status (bash keeps the status of a reaped background job).
+  while kill -0 "$_xtrain_job" 2> /dev/null; do wait "$_xtrain_job" || true; done
+  wait "$_xtrain_job" || rc=$?
   trap - USR1 TERM INT
+  eval "$previous_traps"
   if [ "$rc" -eq 75 ]; then  # xtrain::exit_code::interrupted
     if [ -n "${SLURM_JOB_ID:-}" ]; then
       echo "[requeue] checkpoint saved: requeueing job ${SLURM_JOB_ID}"
-      scontrol requeue "${SLURM_JOB_ID}"
+      scontrol requeue "${SLURM_JOB_ID}" || echo "[requeue] scontrol requeue failed: resubmit the job" >&2
     else
       echo "[requeue] checkpoint saved; not under Slurm, nothing to requeue: rerun with --resume latest"
     fi

@@ -90,6 +90,7 @@ inline void write_file_atomic(const std::string& path, std::initializer_list<std
     for (std::size_t done = 0; done < part.size();) {
       const ::ssize_t n = ::write(fd, part.data() + done, part.size() - done);
       if (n < 0 && errno == EINTR) continue;
+      if (n == 0) errno = EIO;  // no progress and no error code: do not print a stale one
       if (n <= 0) fail("write failed");
       done += static_cast<std::size_t>(n);
     }

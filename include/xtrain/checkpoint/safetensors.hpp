@@ -41,14 +41,14 @@ std::vector<TensorBytes> state_dict(Model& model, ParamArena& arena) {
     for (const auto& alias : e.aliases) out.push_back({alias, "F32", {e.shape.begin(), e.shape.end()}, bytes});
   }
   xtrain::visit_buffers(model, [&](const std::string& name, auto&& buffer) {
-      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, Tensor<float>>)
-        out.push_back({name,
-                       "F32",
-                       {buffer.shape().begin(), buffer.shape().end()},
-                       std::string(reinterpret_cast<const char*>(buffer.data()), buffer.size() * sizeof(float))});
-      else
-        out.push_back({name, "I64", {}, std::string(reinterpret_cast<const char*>(&buffer), sizeof(std::int64_t))});
-    });
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, Tensor<float>>)
+      out.push_back({name,
+                     "F32",
+                     {buffer.shape().begin(), buffer.shape().end()},
+                     std::string(reinterpret_cast<const char*>(buffer.data()), buffer.size() * sizeof(float))});
+    else
+      out.push_back({name, "I64", {}, std::string(reinterpret_cast<const char*>(&buffer), sizeof(std::int64_t))});
+  });
   return out;
 }
 
@@ -176,9 +176,9 @@ inline SafetensorsFile parse_safetensors(std::string bytes, const std::string& p
                                : e.dtype == "F32" || e.dtype == "I32"  ? 4
                                : e.dtype == "F16" || e.dtype == "BF16" ? 2
                                                                        : 1;
-    std::size_t bytes = 0;
-    XTRAIN_CHECK(checked_multiply(count, item, bytes) && end - b == bytes, CheckpointError, path, ": tensor '", name,
-                 "' has ", end - b, " bytes for ", e.dtype, " ", shape_string({e.shape.begin(), e.shape.end()}));
+    std::size_t expected = 0;
+    XTRAIN_CHECK(checked_multiply(count, item, expected) && end - b == expected, CheckpointError, path, ": tensor '",
+                 name, "' has ", end - b, " bytes for ", e.dtype, " ", shape_string({e.shape.begin(), e.shape.end()}));
     e.begin = data_start + b;
     e.end = data_start + end;
     f.entries.push_back(std::move(e));
@@ -269,16 +269,16 @@ void load_model(Model& model, ParamArena& arena, const std::string& path) {
                  e.aliases.empty() ? "" : ", tied to '" + e.aliases[0] + "', also absent", ")");
   }
   xtrain::visit_buffers(model, [&](const std::string& name, auto&& buffer) {
-      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, Tensor<float>>) {
-        load_floats(name, std::span<float>(buffer.data(), buffer.size()), buffer.shape().to_vector());
-      } else {
-        const auto [f, e] = find(name);
-        used.push_back(name);
-        XTRAIN_CHECK(e->dtype == "I64" && e->end - e->begin == 8, CheckpointError, f->path, ": tensor '", name,
-                     "' must be a scalar I64");
-        std::memcpy(&buffer, f->bytes.data() + e->begin, 8);
-      }
-    });
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, Tensor<float>>) {
+      load_floats(name, std::span<float>(buffer.data(), buffer.size()), buffer.shape().to_vector());
+    } else {
+      const auto [f, e] = find(name);
+      used.push_back(name);
+      XTRAIN_CHECK(e->dtype == "I64" && e->end - e->begin == 8, CheckpointError, f->path, ": tensor '", name,
+                   "' must be a scalar I64");
+      std::memcpy(&buffer, f->bytes.data() + e->begin, 8);
+    }
+  });
   for (const auto& f : files)
     for (const auto& e : f.entries)
       XTRAIN_CHECK(std::find(used.begin(), used.end(), e.name) != used.end(), CheckpointError, f.path, ": tensor '",

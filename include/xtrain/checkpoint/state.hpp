@@ -21,8 +21,8 @@
 #include <boost/serialization/vector.hpp>
 
 #include "xtrain/checkpoint/archive.hpp"
-#include "xtrain/core/param_arena.hpp"
 #include "xtrain/core/module.hpp"
+#include "xtrain/core/param_arena.hpp"
 #include "xtrain/core/rng.hpp"
 #include "xtrain/optim/param_groups.hpp"
 #include "xtrain/optim/schedule.hpp"
@@ -50,15 +50,15 @@ struct NamedTensor {
 
 /// Where training stands: enough to continue bit-exactly.
 struct Progress {
-  std::uint64_t step = 0;                ///< optimizer steps taken
-  std::uint64_t epoch = 0;               ///< completed epochs
-  std::uint64_t samples_in_epoch = 0;    ///< samples of the current epoch already trained on
-  std::uint64_t global_batch = 0;        ///< samples per global step when saved
-  std::uint64_t data_seed = 0;           ///< seed of the data order and dropout
-  double epoch_sums[4] = {0, 0, 0, 0};   ///< loss sum, correct, terms, samples of the current epoch (all ranks)
-  float loss_scale = 0.0f;               ///< dynamic loss scale (fp16); 0: the run did not scale
-  std::uint64_t loss_scale_tracker = 0;  ///< clean steps since the scale last changed
-  std::uint64_t skipped_steps = 0;       ///< steps skipped for Inf/NaN gradients
+  std::uint64_t step = 0;                  ///< optimizer steps taken
+  std::uint64_t epoch = 0;                 ///< completed epochs
+  std::uint64_t samples_in_epoch = 0;      ///< samples of the current epoch already trained on
+  std::uint64_t global_batch = 0;          ///< samples per global step when saved
+  std::uint64_t data_seed = 0;             ///< seed of the data order and dropout
+  double epoch_sums[4] = {0, 0, 0, 0};     ///< loss sum, correct, terms, samples of the current epoch (all ranks)
+  float loss_scale = 0.0f;                 ///< dynamic loss scale (fp16); 0: the run did not scale
+  std::uint64_t loss_scale_tracker = 0;    ///< clean steps since the scale last changed
+  std::uint64_t skipped_steps = 0;         ///< steps skipped for Inf/NaN gradients
   std::vector<optim::GroupScales> groups;  ///< parameter groups (default first) and their multipliers
   std::vector<std::uint64_t> param_group;  ///< each arena slot's group
   template <class Archive>
@@ -92,11 +92,11 @@ std::vector<std::string> model_signature(Model& model, const ParamArena& arena) 
     for (const auto& alias : e.aliases) sig.push_back(alias + " tied to " + e.name);
   }
   xtrain::visit_buffers(model, [&](const std::string& name, auto&& buffer) {
-      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, Tensor<float>>)
-        sig.push_back(name + " f32 " + buffer.shape().str());
-      else
-        sig.push_back(name + " i64 []");
-    });
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, Tensor<float>>)
+      sig.push_back(name + " f32 " + buffer.shape().str());
+    else
+      sig.push_back(name + " i64 []");
+  });
   return sig;
 }
 
@@ -124,11 +124,11 @@ std::string encode(Model& model, ParamArena& arena, const Optimizer& optimizer, 
     std::vector<NamedTensor> buffers;
     std::vector<std::pair<std::string, std::int64_t>> counters;
     xtrain::visit_buffers(model, [&](const std::string& name, auto&& buffer) {
-        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, Tensor<float>>)
-          buffers.push_back({name, {buffer.shape().begin(), buffer.shape().end()}, {buffer.begin(), buffer.end()}});
-        else
-          counters.emplace_back(name, buffer);
-      });
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, Tensor<float>>)
+        buffers.push_back({name, {buffer.shape().begin(), buffer.shape().end()}, {buffer.begin(), buffer.end()}});
+      else
+        counters.emplace_back(name, buffer);
+    });
     ar << make_nvp("buffers", buffers);
     ar << make_nvp("counters", counters);
     ar << make_nvp("optimizer_state", state);
@@ -179,13 +179,13 @@ Progress decode(const std::string& payload, const std::string& source, Model& mo
     }
     std::size_t fi = 0, ci = 0;
     xtrain::visit_buffers(model, [&](const std::string&, auto&& buffer) {
-        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, Tensor<float>>) {
-          const std::vector<float>& saved = buffers[fi++].values;  // sizes checked by the signature
-          std::copy(saved.begin(), saved.end(), buffer.begin());
-        } else {
-          buffer = counters[ci++].second;
-        }
-      });
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, Tensor<float>>) {
+        const std::vector<float>& saved = buffers[fi++].values;  // sizes checked by the signature
+        std::copy(saved.begin(), saved.end(), buffer.begin());
+      } else {
+        buffer = counters[ci++].second;
+      }
+    });
     typename Optimizer::State loaded;
     ar >> make_nvp("optimizer_state", loaded);
     state = std::move(loaded);

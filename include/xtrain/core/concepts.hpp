@@ -24,7 +24,9 @@ concept HasBackward = requires(L& layer, Context& ctx, const Matrix& dy) {
   { layer.backward(ctx, dy) } -> std::convertible_to<const Matrix&>;
 };
 template <class L>
-concept HasVisit = requires(L& layer, detail::VisitorArchetype& v) { layer.visit(v); };
+concept HasVisit = requires(L& layer, detail::VisitorArchetype& v) {
+  layer.visit(v);
+};
 
 /// Module: `forward(ctx, x) -> const Tensor<float>&`, `backward(ctx, dy) -> const Tensor<float>&`
 /// (ADDS into its parameter gradients), `visit(v)` (parameters, buffers, children, identity: see
@@ -69,9 +71,9 @@ consteval bool check_module_for() {
 
 /// What an optimizer step needs besides parameters and gradients.
 struct StepInfo {
-  float lr = 0.0f;         ///< learning rate of this step (after the schedule)
-  std::uint64_t step = 1;  ///< 1-based count of optimizer steps taken, this one included
-  std::size_t state_offset = 0;    ///< index of params[0] in the optimizer state's flat vectors
+  float lr = 0.0f;                  ///< learning rate of this step (after the schedule)
+  std::uint64_t step = 1;           ///< 1-based count of optimizer steps taken, this one included
+  std::size_t state_offset = 0;     ///< index of params[0] in the optimizer state's flat vectors
   float weight_decay_scale = 1.0f;  ///< multiplies the optimizer's weight decay (parameter groups)
 };
 

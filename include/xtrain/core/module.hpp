@@ -58,7 +58,9 @@ template <class F>
 struct ParamNamer {
   F& f;
   std::string prefix;
-  void param(std::string_view name, Param& p, ParamKind kind = ParamKind::weight) { f(join_name(prefix, name), p, kind); }
+  void param(std::string_view name, Param& p, ParamKind kind = ParamKind::weight) {
+    f(join_name(prefix, name), p, kind);
+  }
   void buffer(std::string_view, Tensor<float>&, bool = true) {}
   void buffer(std::string_view, std::int64_t&) {}
   template <class M>

@@ -24,7 +24,10 @@ enum class ParamKind : std::uint8_t { weight, bias, norm, embedding };
 
 /// "weight", "bias", "norm", "embedding".
 constexpr const char* param_kind_name(ParamKind k) noexcept {
-  return k == ParamKind::weight ? "weight" : k == ParamKind::bias ? "bias" : k == ParamKind::norm ? "norm" : "embedding";
+  return k == ParamKind::weight ? "weight"
+         : k == ParamKind::bias ? "bias"
+         : k == ParamKind::norm ? "norm"
+                                : "embedding";
 }
 
 class Param {
@@ -114,7 +117,7 @@ class Param {
 
   std::vector<std::size_t> shape_;
   std::size_t size_ = 0;
-  std::shared_ptr<Storage> own_;      // before adoption (shared by tied parameters)
+  std::shared_ptr<Storage> own_;     // before adoption (shared by tied parameters)
   std::shared_ptr<const char> tie_;  // the tie token (shared by tied uses and their copies)
   float* values_ = nullptr;
   float* grads_ = nullptr;

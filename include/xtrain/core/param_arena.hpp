@@ -13,8 +13,8 @@
 #include <xsimd/xsimd.hpp>
 
 #include "xtrain/core/concepts.hpp"
-#include "xtrain/core/module.hpp"
 #include "xtrain/core/error.hpp"
+#include "xtrain/core/module.hpp"
 #include "xtrain/core/param.hpp"
 
 namespace xtrain {
@@ -24,13 +24,13 @@ using AlignedVector = std::vector<float, xsimd::aligned_allocator<float, 64>>;
 
 /// One parameter's place in the arena (a slot: tied parameters share one).
 struct ParamEntry {
-  std::string name;                  ///< PyTorch state_dict name of its first use, e.g. "0.weight"
-  std::vector<std::size_t> shape;    ///< as PyTorch: Linear weight is [out, in]
-  std::size_t offset = 0;            ///< first element in the flat buffers
-  std::size_t size = 0;              ///< number of elements
+  std::string name;                    ///< PyTorch state_dict name of its first use, e.g. "0.weight"
+  std::vector<std::size_t> shape;      ///< as PyTorch: Linear weight is [out, in]
+  std::size_t offset = 0;              ///< first element in the flat buffers
+  std::size_t size = 0;                ///< number of elements
   ParamKind kind = ParamKind::weight;  ///< as its module reported it
-  std::vector<std::string> aliases;  ///< names of the other uses of a tied parameter
-  std::size_t group = 0;             ///< parameter group (0: the default group)
+  std::vector<std::string> aliases;    ///< names of the other uses of a tied parameter
+  std::size_t group = 0;               ///< parameter group (0: the default group)
   /// Uses of the slot: readiness expects this many reports per backward.
   std::size_t uses() const noexcept { return 1 + aliases.size(); }
 };

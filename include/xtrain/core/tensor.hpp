@@ -34,8 +34,8 @@ class Shape {
   Shape(std::initializer_list<std::size_t> dims) { assign(dims.begin(), dims.end()); }
   /// From any sequence of sizes (a std::vector, another shape's dims).
   template <class Range>
-  requires(!std::same_as<Range, Shape> && requires(const Range& r) { r.begin(), r.end(); })
-  explicit Shape(const Range& dims) {
+  requires(!std::same_as<Range, Shape> &&
+           requires(const Range& r) { r.begin(), r.end(); }) explicit Shape(const Range& dims) {
     assign(dims.begin(), dims.end());
   }
 
@@ -115,7 +115,8 @@ class Tensor {
     return *this;
   }
   /// Moving leaves the source empty (shape [0]).
-  Tensor(Tensor&& other) noexcept : shape_(std::exchange(other.shape_, Shape{0})), storage_(std::move(other.storage_)) {}
+  Tensor(Tensor&& other) noexcept
+      : shape_(std::exchange(other.shape_, Shape{0})), storage_(std::move(other.storage_)) {}
   Tensor& operator=(Tensor&& other) noexcept {
     shape_ = std::exchange(other.shape_, Shape{0});
     storage_ = std::move(other.storage_);
@@ -207,7 +208,9 @@ using Matrix = Tensor<float>;
 
 /// 0, 1, 2 for float, bf16, fp16 (a layer checks backward runs in the type of its forward).
 template <ActivationType T>
-inline constexpr int activation_type_index = std::same_as<T, float> ? 0 : std::same_as<T, bf16> ? 1 : 2;
+inline constexpr int activation_type_index = std::same_as<T, float>  ? 0
+                                             : std::same_as<T, bf16> ? 1
+                                                                     : 2;
 
 /// The name of an activation type ("fp32", "bf16", "fp16") by index.
 constexpr const char* activation_type_name(int index) noexcept {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <cstdlib>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -156,6 +157,18 @@ inline TensorDataset idx_split(const std::string& images_path, const std::string
   return TensorDataset(std::move(x), std::move(y), 10, labels_path);
 }
 }  // namespace detail
+
+/// Where Fashion-MNIST is looked for when no folder is given: the environment variable
+/// XTRAIN_DATA_DIR, else the build's XTRAIN_DEFAULT_DATA_DIR (this project's CMake option
+/// XTRAIN_DATA_DIR), else Debian's /usr/share/datasets/fashion-mnist (dataset-fashion-mnist).
+inline std::string default_data_dir() {
+  if (const char* env = std::getenv("XTRAIN_DATA_DIR"); env != nullptr && *env != '\0') return env;
+#ifdef XTRAIN_DEFAULT_DATA_DIR
+  return XTRAIN_DEFAULT_DATA_DIR;
+#else
+  return "/usr/share/datasets/fashion-mnist";
+#endif
+}
 
 /// Fashion-MNIST or MNIST from a folder of the four IDX files (".gz" or not), pixels scaled to [0, 1].
 /// The Debian package `dataset-fashion-mnist` installs them in /usr/share/datasets/fashion-mnist.

@@ -45,8 +45,6 @@ inline IdxArray parse_idx(const std::vector<unsigned char>& b, const std::string
 }
 
 /// Reads `path` (".gz" or not; a missing file or corrupt gzip is a DataError naming it) and parses it.
-inline IdxArray read_idx(const std::string& path) {
-  return parse_idx(read_file_bytes(path), path);
-}
+inline IdxArray read_idx(const std::string& path) { return parse_idx(read_file_bytes(path), path); }
 
 }  // namespace xtrain::data

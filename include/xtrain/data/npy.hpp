@@ -98,11 +98,12 @@ inline NpyArray parse_npy(std::vector<unsigned char> bytes, const std::string& p
   XTRAIN_CHECK(major >= 1 && major <= 3, DataError, path, ": unsupported .npy format version ", major, ".", +b[7]);
   std::size_t header_len = 0, start = 0;
   if (major == 1) {
-    header_len = b[8] | (b[9] << 8);
+    header_len = static_cast<std::size_t>(b[8]) | (static_cast<std::size_t>(b[9]) << 8);
     start = 10;
   } else {
     XTRAIN_CHECK(b.size() >= 12, DataError, path, ": truncated .npy header");
-    header_len = b[8] | (b[9] << 8) | (b[10] << 16) | (static_cast<std::size_t>(b[11]) << 24);
+    header_len = static_cast<std::size_t>(b[8]) | (static_cast<std::size_t>(b[9]) << 8) |
+                 (static_cast<std::size_t>(b[10]) << 16) | (static_cast<std::size_t>(b[11]) << 24);
     start = 12;
   }
   XTRAIN_CHECK(start + header_len <= b.size(), DataError, path, ": truncated .npy header (", header_len,
@@ -156,9 +157,7 @@ inline NpyArray parse_npy(std::vector<unsigned char> bytes, const std::string& p
 }
 
 /// Reads and parses the .npy file at `path` (see parse_npy).
-inline NpyArray read_npy(const std::string& path) {
-  return parse_npy(read_file_bytes(path), path);
-}
+inline NpyArray read_npy(const std::string& path) { return parse_npy(read_file_bytes(path), path); }
 
 /// Loads a .npy array of any numeric dtype as fp32 rows `[shape[0], product of the rest]`.
 /// Throws DataError naming the file and the first sample with a NaN or infinite value.

@@ -104,9 +104,7 @@ inline __m512i round_bf16_lanes(__m512 v) noexcept {
   return _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
 }
 /// 16 floats rounded to 16 packed bf16.
-inline __m256i round_bf16(__m512 v) noexcept {
-  return _mm512_cvtepi32_epi16(round_bf16_lanes(v));
-}
+inline __m256i round_bf16(__m512 v) noexcept { return _mm512_cvtepi32_epi16(round_bf16_lanes(v)); }
 }  // namespace detail
 #endif
 

@@ -106,15 +106,15 @@ inline __m512i interleave(__m256i lo, __m256i hi) noexcept {
 /// Pairs ACROSS stored rows: op(X)(k, c) = X[k * ld + c] (B not transposed, or A transposed).
 /// Writes panels of `pw` words per k-pair (pw = nr for B, mr for A) for columns [c0, c0 + width).
 template <class S>
-void pack_across(const S* X, std::size_t ld, std::size_t k0, std::size_t kc, std::size_t c0, std::size_t width,
+void pack_across(const S* X, std::size_t ld, std::size_t k0, std::size_t klen, std::size_t c0, std::size_t width,
                  std::size_t pw, std::uint32_t* dst) {
-  const std::size_t kp = (kc + 1) / 2;
+  const std::size_t kp = (klen + 1) / 2;
   for (std::size_t cp = 0; cp < width; cp += pw) {
     const std::size_t w = std::min(pw, width - cp);
     std::uint32_t* panel = dst + cp * kp;
     for (std::size_t p = 0; p < kp; ++p) {
       const S* r0 = X + (k0 + 2 * p) * ld + c0 + cp;
-      const bool has_hi = 2 * p + 1 < kc;
+      const bool has_hi = 2 * p + 1 < klen;
       for (std::size_t g = 0; g < pw; g += 16) {
         const std::size_t n = w > g ? std::min<std::size_t>(16, w - g) : 0;
         const __m256i lo = n ? load16(r0 + g, n) : _mm256_setzero_si256();
@@ -155,17 +155,17 @@ inline void transpose16(__m512i r[16]) noexcept {
 /// 16 columns at a time: each column's 32 values become 16 words in one register, and a 16 x 16
 /// transpose turns them into 16 k-pair rows of the panel.
 template <class S>
-void pack_along(const S* X, std::size_t ld, std::size_t k0, std::size_t kc, std::size_t c0, std::size_t width,
+void pack_along(const S* X, std::size_t ld, std::size_t k0, std::size_t klen, std::size_t c0, std::size_t width,
                 std::size_t pw, std::uint32_t* dst) {
-  const std::size_t kp = (kc + 1) / 2;
+  const std::size_t kp = (klen + 1) / 2;
   for (std::size_t cp = 0; cp < width; cp += pw) {
     const std::size_t w = std::min(pw, width - cp);
     std::uint32_t* panel = dst + cp * kp;
     for (std::size_t g = 0; g < pw; g += 16) {
       const std::size_t group = std::min<std::size_t>(16, pw - g);  // columns stored (8 for A panels)
       const __mmask16 store_mask = __mmask16((1u << group) - 1u);
-      for (std::size_t k = 0; k < kc; k += 32) {
-        const std::size_t n = std::min<std::size_t>(32, kc - k);
+      for (std::size_t k = 0; k < klen; k += 32) {
+        const std::size_t n = std::min<std::size_t>(32, klen - k);
         __m512i r[16];
         for (std::size_t c = 0; c < 16; ++c) {
           if (g + c >= w || c >= group) {
@@ -187,6 +187,15 @@ void pack_along(const S* X, std::size_t ld, std::size_t k0, std::size_t kc, std:
 
 /// C[0:mr, 0:nr] = alpha * A * B + beta * C over `kp` word pairs. A: packed (word (r, p) at
 /// a[p * mr + r]) or in place (`arow[r][p]`).
+/// One bf16 pair read where it lies (2-byte aligned): memcpy is the portable unaligned load (clang
+/// does not lower an under-aligned typedef's access, and UBSan rightly flags it); it compiles to
+/// one mov.
+inline std::uint32_t load_word(const word_unaligned* q) noexcept {
+  std::uint32_t w;
+  std::memcpy(&w, static_cast<const void*>(q), sizeof w);
+  return w;
+}
+
 template <bool PackedA>
 inline void micro_kernel(std::size_t kp, const std::uint32_t* __restrict a, const word_unaligned* const* arow,
                          const std::uint32_t* __restrict b, float alpha, float beta, float* __restrict c,
@@ -199,7 +208,7 @@ inline void micro_kernel(std::size_t kp, const std::uint32_t* __restrict a, cons
     const __m512bh b1 = (__m512bh)_mm512_load_si512(b + p * nr + 16);
 #pragma GCC unroll 8
     for (std::size_t r = 0; r < mr; ++r) {
-      const std::uint32_t word = PackedA ? a[p * mr + r] : arow[r][p];
+      const std::uint32_t word = PackedA ? a[p * mr + r] : load_word(arow[r] + p);
       const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(word));
       acc0[r] = _mm512_dpbf16_ps(acc0[r], av, b0);
       acc1[r] = _mm512_dpbf16_ps(acc1[r], av, b1);

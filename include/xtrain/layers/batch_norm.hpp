@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "xtrain/core/context.hpp"
-#include "xtrain/core/module.hpp"
 #include "xtrain/core/error.hpp"
+#include "xtrain/core/module.hpp"
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/convert.hpp"
@@ -134,8 +134,8 @@ class BatchNorm1d {
       if (sync) sync->allreduce_sum(std::span<double>(sum.data(), c + 1), "SyncBatchNorm mean");
       const double total = sum[c];
       XTRAIN_CHECK(total > 1, ValueError, describe(),
-                   ": expected more than 1 value per channel when training, got input of shape ",
-                   x.shape().str(), " (use a batch of 2 or more, or drop_last)");
+                   ": expected more than 1 value per channel when training, got input of shape ", x.shape().str(),
+                   " (use a batch of 2 or more, or drop_last)");
       for (std::size_t j = 0; j < c; ++j) mean_[j] = static_cast<float>(sum[j] / total);
       double* ssd = sum.data() + c + 1;
       for (std::size_t r = 0; r < n; ++r)
@@ -224,9 +224,9 @@ class BatchNorm1d {
   std::vector<float> mean_, invstd_, mean_dy_, mean_dy_xhat_;
   std::vector<double> scratch_;
   bool training_ = true, sync_ = false, synced_ = false;
-  double count_ = 0.0;    // rows the last training statistics came from
-  Matrix xhat_, y_, dx_;  // fp32: x-hat (kept for backward), output, input gradient
-  ActivationBuffers out_;      // bf16/fp16: output or input gradient
+  double count_ = 0.0;     // rows the last training statistics came from
+  Matrix xhat_, y_, dx_;   // fp32: x-hat (kept for backward), output, input gradient
+  ActivationBuffers out_;  // bf16/fp16: output or input gradient
 };
 
 /// BatchNorm1d with statistics over all ranks (PyTorch's SyncBatchNorm).

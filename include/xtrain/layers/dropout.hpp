@@ -12,8 +12,8 @@
 #include <type_traits>
 
 #include "xtrain/core/context.hpp"
-#include "xtrain/core/module.hpp"
 #include "xtrain/core/error.hpp"
+#include "xtrain/core/module.hpp"
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/rng.hpp"
 #include "xtrain/core/tensor.hpp"

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "xtrain/core/context.hpp"
-#include "xtrain/core/module.hpp"
 #include "xtrain/core/error.hpp"
+#include "xtrain/core/module.hpp"
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/rng.hpp"
 #include "xtrain/core/tensor.hpp"

@@ -60,9 +60,7 @@ class Sequential {
 
  public:
   explicit Sequential(Layers... layers) : layers_(std::move(layers)...) {
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((names_[I] = name_of<I>()), ...);
-    }
+    [&]<std::size_t... I>(std::index_sequence<I...>) { ((names_[I] = name_of<I>()), ...); }
     (std::index_sequence_for<Layers...>{});
   }
 
@@ -96,9 +94,7 @@ class Sequential {
   /// Reports the children, named by index or by their `named(...)` name.
   template <class V>
   void visit(V& v) {
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (v.child(names_[I], get<I>()), ...);
-    }
+    [&]<std::size_t... I>(std::index_sequence<I...>) { (v.child(names_[I], get<I>()), ...); }
     (std::index_sequence_for<Layers...>{});
   }
 

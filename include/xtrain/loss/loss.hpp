@@ -40,9 +40,10 @@ concept HasAccuracy = requires(const L& loss) {
 /// Fails compilation with a message naming the first missing Loss member.
 template <class L>
 consteval bool check_loss() {
-  static_assert(requires { typename L::target_type; },
-                "xtrain: this type is not a Loss: it has no nested type `target_type` (Tensor<std::int32_t> or "
-                "Tensor<float>)");
+  static_assert(
+      requires { typename L::target_type; },
+      "xtrain: this type is not a Loss: it has no nested type `target_type` (Tensor<std::int32_t> or "
+      "Tensor<float>)");
   static_assert(Loss<L>,
                 "xtrain: this type is not a Loss: it needs forward(out, target, normalizer), backward(), sum(), "
                 "count(target) and terms_per_sample(target) (see xtrain/loss/loss.hpp)");

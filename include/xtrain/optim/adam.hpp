@@ -6,9 +6,9 @@
 
 #include <cmath>
 #include <cstddef>
+#include <span>
 #include <sstream>
 #include <string>
-#include <span>
 
 #include "xtrain/core/concepts.hpp"
 #include "xtrain/core/error.hpp"

@@ -26,9 +26,9 @@ namespace xtrain::optim {
 
 /// What a group's rule sees of a parameter.
 struct ParamInfo {
-  const std::string& name;                 ///< state_dict name ("blocks.0.attn.qkv.weight")
-  const std::vector<std::size_t>& shape;   ///< its shape
-  ParamKind kind;                          ///< as its module reported it
+  const std::string& name;                ///< state_dict name ("blocks.0.attn.qkv.weight")
+  const std::vector<std::size_t>& shape;  ///< its shape
+  ParamKind kind;                         ///< as its module reported it
 };
 
 /// A group's saved form: its name and multipliers.
@@ -147,10 +147,9 @@ inline void restore_param_groups(std::vector<GroupScales>& scales, const ParamAr
   };
   const auto& entries = arena.entries();
   for (std::size_t i = 0; i < entries.size() && i < membership.size(); ++i)
-    XTRAIN_CHECK(name(saved, membership[i]) == name(scales, entries[i].group), CheckpointError, source,
-                 ": parameter '", entries[i].name, "' is in group '", name(saved, membership[i]),
-                 "' in the checkpoint but in '", name(scales, entries[i].group),
-                 "' in this run (use the same param_groups)");
+    XTRAIN_CHECK(name(saved, membership[i]) == name(scales, entries[i].group), CheckpointError, source, ": parameter '",
+                 entries[i].name, "' is in group '", name(saved, membership[i]), "' in the checkpoint but in '",
+                 name(scales, entries[i].group), "' in this run (use the same param_groups)");
   for (auto& g : scales)
     for (const auto& s : saved)
       if (s.name == g.name) g = s;

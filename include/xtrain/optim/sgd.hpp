@@ -4,9 +4,9 @@
 /// ICML 2013) and L2 weight decay, with exactly PyTorch's update (torch.optim.SGD).
 
 #include <cstddef>
+#include <span>
 #include <sstream>
 #include <string>
-#include <span>
 #include <vector>
 
 #include "xtrain/core/concepts.hpp"
@@ -82,8 +82,8 @@ class SGD {
   }
 
  private:
-  SGD& set(float& field, float v, const char* name, bool ok) {
-    XTRAIN_CHECK(ok, ValueError, "SGD: invalid ", name, " ", v);
+  SGD& set(float& field, float v, const char* what, bool ok) {
+    XTRAIN_CHECK(ok, ValueError, "SGD: invalid ", what, " ", v);
     field = v;
     return *this;
   }

@@ -8,15 +8,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "xtrain/core/error.hpp"
-
 #include "xtrain/core/param_arena.hpp"
 #include "xtrain/parallel/communicator.hpp"
 
@@ -34,7 +33,7 @@ template <Communicator C>
 class GradientBuckets {
  public:
   struct Bucket {
-    std::size_t begin = 0, end = 0;  ///< slice of the flat gradient buffer
+    std::size_t begin = 0, end = 0;             ///< slice of the flat gradient buffer
     std::size_t first_slot = 0, last_slot = 0;  ///< arena entries [first_slot, last_slot] in the bucket
     std::size_t uses = 0;                       ///< parameter uses to report before it can start
     bool started = false;
@@ -103,10 +102,12 @@ class GradientBuckets {
                  " time(s) (does a container run a child's backward twice?)");
     const std::size_t b = slot_bucket_[slot];
     if (--pending_[b] != 0) return;
-    if (++complete_ == buckets_.size() || !reduce_ || compressed(comm)) return;  // compressed reductions: all in finish()
+    if (++complete_ == buckets_.size() || !reduce_ || compressed(comm))
+      return;  // compressed reductions: all in finish()
     for (auto& bucket : buckets_)
       if (bucket.started) comm.test(bucket.request);
-    while (next_ < buckets_.size() && pending_[next_] == 0 && complete_ < buckets_.size()) start(comm, grads, buckets_[next_++]);
+    while (next_ < buckets_.size() && pending_[next_] == 0 && complete_ < buckets_.size())
+      start(comm, grads, buckets_[next_++]);
   }
 
   /// Starts what has not started and waits for everything: the gradients are then summed.

@@ -6,8 +6,6 @@
 /// fields are broadcast; a rank that differs throws ValueError naming the first field and both
 /// values (under MPI the job then ends with that message).
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -15,6 +13,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <zlib.h>
 
 #include "xtrain/core/error.hpp"
 

@@ -21,8 +21,9 @@ class DeterministicReduction {
   /// Throws ValueError unless `global_batch` splits into power-of-two halves of `chunk` samples
   /// over `ranks` ranks.
   static void check_layout(std::size_t chunk, std::size_t global_batch, std::size_t ranks) {
-    XTRAIN_CHECK(global_batch > 0 && global_batch % chunk == 0, ValueError, "deterministic reduction: the global batch ",
-                 global_batch, " must be a multiple of the chunk size ", chunk);
+    XTRAIN_CHECK(global_batch > 0 && global_batch % chunk == 0, ValueError,
+                 "deterministic reduction: the global batch ", global_batch, " must be a multiple of the chunk size ",
+                 chunk);
     const std::size_t chunks = global_batch / chunk;
     XTRAIN_CHECK(chunks % ranks == 0 && ((chunks / ranks) & (chunks / ranks - 1)) == 0 && (ranks & (ranks - 1)) == 0,
                  ValueError, "deterministic reduction: ", chunks, " chunks of ", chunk,

@@ -5,8 +5,6 @@
 /// micro-step at a time (forward, loss, backward with bucketed non-blocking allreduce, and on the
 /// last micro-step of an accumulation window: wait, clip, optimizer step).
 
-#include <zlib.h>
-
 #include <chrono>
 #include <cmath>
 #include <concepts>
@@ -17,6 +15,8 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include <zlib.h>
 
 #include "xtrain/checkpoint/archive.hpp"
 #include "xtrain/checkpoint/state.hpp"
@@ -320,7 +320,8 @@ class Engine {
   /// Installs an optimizer state in the natural layout (from a checkpoint); each rank keeps its
   /// block when sharded.
   void set_full_optimizer_state(typename Optimizer::State full) {
-    state_ = shard_ ? sharding::take_block<Optimizer>(std::move(full), offset(), block_, arena_.size()) : std::move(full);
+    state_ =
+        shard_ ? sharding::take_block<Optimizer>(std::move(full), offset(), block_, arena_.size()) : std::move(full);
   }
 
   /// Whether the next micro-step ends the accumulation window.
@@ -488,7 +489,8 @@ class Engine {
         Context ctx = context(true);
         ctx.sample_offset = offset + begin;
         const target_type& cy = rows_of(y, begin, end, chunk_y_);
-        loss += loss_.forward(run_forward(ctx, rows_of(x, begin, end, chunk_input<typename Input::value_type>())), cy, normalizer);
+        loss += loss_.forward(run_forward(ctx, rows_of(x, begin, end, chunk_input<typename Input::value_type>())), cy,
+                              normalizer);
         loss_sum_ += loss_.sum();
         if constexpr (loss::HasAccuracy<Loss>) correct_ += loss_.correct();
         terms_ += loss_.count(cy);

@@ -11,10 +11,10 @@ namespace xtrain {
 /// Loss (and accuracy, for classification) over a whole data set (each sample counted exactly
 /// once).
 struct EvalResult {
-  double loss = 0.0;          ///< mean loss per term (sample, token or element, as the loss counts)
-  double accuracy = 0.0;      ///< percent of terms whose argmax is the label (classification)
-  std::size_t count = 0;      ///< samples evaluated
-  bool has_accuracy = true;   ///< false for losses without an accuracy (regression)
+  double loss = 0.0;         ///< mean loss per term (sample, token or element, as the loss counts)
+  double accuracy = 0.0;     ///< percent of terms whose argmax is the label (classification)
+  std::size_t count = 0;     ///< samples evaluated
+  bool has_accuracy = true;  ///< false for losses without an accuracy (regression)
 };
 
 /// One optimizer step, as callbacks see it.

@@ -16,7 +16,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <exception>
+#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -52,14 +54,22 @@ inline int exit_code_of(const std::exception& e) noexcept {
 /// "SIGTERM", "SIGUSR1", ... ("signal N" for others).
 inline std::string signal_name(int sig) {
   switch (sig) {
-    case SIGTERM: return "SIGTERM";
-    case SIGINT: return "SIGINT";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGUSR2: return "SIGUSR2";
-    case SIGHUP: return "SIGHUP";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGXCPU: return "SIGXCPU";
-    default: return "signal " + std::to_string(sig);
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGINT:
+      return "SIGINT";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGUSR2:
+      return "SIGUSR2";
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGQUIT:
+      return "SIGQUIT";
+    case SIGXCPU:
+      return "SIGXCPU";
+    default:
+      return "signal " + std::to_string(sig);
   }
 }
 
@@ -87,9 +97,8 @@ class Interrupted : public std::exception {
 
 namespace detail {
 static_assert(std::atomic<int>::is_always_lock_free, "signal handlers need lock-free atomics");
-inline std::atomic<int> stop_signal{0};      // the first stop signal received; 0: none
+inline std::atomic<int> stop_signal{0};      // the first stop signal received and not yet consumed
 inline std::atomic<int> interrupt_count{0};  // SIGINTs received
-inline std::atomic<int> stop_signal_users{0};
 
 inline void on_stop_signal(int sig) {  // async-signal-safe: atomics, signal(), raise()
   const int saved_errno = errno;
@@ -101,12 +110,54 @@ inline void on_stop_signal(int sig) {  // async-signal-safe: atomics, signal(), 
   }
   errno = saved_errno;
 }
+
+/// Which signals record-only handlers are installed for, by how many StopSignals each, and the
+/// handlers they replaced: installed on the first user of a signal, restored after the last, so
+/// instances on several threads (ranks as threads) can end in any order. After a stop the
+/// handlers stay ("latched") until the process ends: a late signal must not kill a process that
+/// is saving or shutting down.
+struct SignalRegistry {
+  std::mutex mutex;
+  struct Entry {
+    int signal = 0, users = 0;
+    struct sigaction previous = {};
+  };
+  std::vector<Entry> entries;
+  bool latched = false;
+
+  static SignalRegistry& get() {
+    static SignalRegistry registry;
+    return registry;
+  }
+  void acquire(int sig) {  // with mutex held
+    for (auto& e : entries)
+      if (e.signal == sig) {
+        if (e.users++ == 0 && !latched) install(e);
+        return;
+      }
+    entries.push_back({sig, 1, {}});
+    if (!latched) install(entries.back());
+  }
+  void release(int sig) {  // with mutex held
+    for (auto& e : entries)
+      if (e.signal == sig && --e.users == 0 && !latched) ::sigaction(sig, &e.previous, nullptr);
+  }
+  static void install(Entry& e) {
+    struct sigaction action = {};
+    action.sa_handler = &on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    if (::sigaction(e.signal, &action, &e.previous) != 0)
+      throw ValueError("StopSignals: cannot handle " + std::to_string(e.signal) + " (" + std::strerror(errno) + ")");
+  }
+};
 }  // namespace detail
 
-/// Handles stop signals while it lives and restores the previous handlers when destroyed. The
-/// handler records the signal and returns: the program stops where it chooses, at a step
-/// boundary, so further signals (Slurm and mpirun may each send one) cannot tear a checkpoint
-/// being written. A third Ctrl-C ends the process at once.
+/// Handles stop signals while it lives (and, once a stop was agreed, until the process ends);
+/// restores the previous handlers after the last instance using them. The handler records the
+/// first signal and returns: the program stops where it chooses, at a step boundary, so further
+/// signals (Slurm and mpirun may each send one) cannot tear a checkpoint being written. A third
+/// Ctrl-C ends the process at once.
 class StopSignals {
  public:
   /// SIGTERM (Slurm's preemption and time limit, mpirun's forwarding of it), SIGINT (Ctrl-C) and
@@ -114,25 +165,35 @@ class StopSignals {
   static std::vector<int> defaults() { return {SIGTERM, SIGINT, SIGUSR1}; }
 
   explicit StopSignals(std::vector<int> signals = defaults()) : signals_(std::move(signals)) {
-    if (detail::stop_signal_users.fetch_add(1) == 0) {
-      detail::stop_signal.store(0);
-      detail::interrupt_count.store(0);
-    }
-    previous_.resize(signals_.size());
-    for (std::size_t i = 0; i < signals_.size(); ++i) {
-      struct sigaction action = {};
-      action.sa_handler = &detail::on_stop_signal;
-      sigemptyset(&action.sa_mask);
-      action.sa_flags = SA_RESTART;
-      XTRAIN_CHECK(::sigaction(signals_[i], &action, &previous_[i]) == 0, ValueError, "StopSignals: cannot handle ",
-                   signal_name(signals_[i]));
+    auto& registry = detail::SignalRegistry::get();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    std::size_t done = 0;
+    try {
+      for (; done < signals_.size(); ++done) registry.acquire(signals_[done]);
+    } catch (...) {
+      while (done-- > 0) registry.release(signals_[done]);
+      throw;
     }
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
   ~StopSignals() {
-    for (std::size_t i = signals_.size(); i-- > 0;) ::sigaction(signals_[i], &previous_[i], nullptr);
-    detail::stop_signal_users.fetch_sub(1);
+    auto& registry = detail::SignalRegistry::get();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    for (std::size_t i = signals_.size(); i-- > 0;) registry.release(signals_[i]);
+  }
+
+  /// Keeps the record-only handlers installed until the process ends (fit() calls it when it
+  /// stops on a signal, so a second signal during the save or the shutdown is only recorded).
+  static void latch() {
+    auto& registry = detail::SignalRegistry::get();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    registry.latched = true;
+  }
+  /// Forgets a received signal that was not consumed by poll().
+  static void clear() noexcept {
+    detail::stop_signal.store(0);
+    detail::interrupt_count.store(0);
   }
 
   /// The first stop signal this process received (0: none). Local: other ranks may differ.
@@ -150,12 +211,13 @@ class StopSignals {
   template <class Communicator>
   int poll(Communicator& comm, int mine) {
     if (signals_.empty()) return 0;
-    if (comm.size() == 1) return mine;
+    if (std::find(signals_.begin(), signals_.end(), mine) == signals_.end()) mine = 0;
+    if (comm.size() == 1) return consume(mine);
     if (++calls_ < interval_) return 0;
     const auto now = std::chrono::steady_clock::now();
-    const double per_call =
-        last_ == std::chrono::steady_clock::time_point{} ? 0.0
-                                                         : std::chrono::duration<double>(now - last_).count() / calls_;
+    const double per_call = last_ == std::chrono::steady_clock::time_point{}
+                                ? 0.0
+                                : std::chrono::duration<double>(now - last_).count() / static_cast<double>(calls_);
     last_ = now;
     calls_ = 0;
     // [proposed next interval, then per watched signal: 1 if it is this rank's first signal]
@@ -167,13 +229,19 @@ class StopSignals {
     comm.allreduce_sum(std::span<double>(votes_), "stop signal check");
     interval_ = static_cast<std::size_t>(std::ceil(votes_[0] / static_cast<double>(comm.size())));
     for (std::size_t i = 0; i < signals_.size(); ++i)
-      if (votes_[i + 1] > 0.0) return signals_[i];
+      if (votes_[i + 1] > 0.0) return consume(signals_[i]);
     return 0;
   }
 
   const std::vector<int>& signals() const noexcept { return signals_; }
 
  private:
+  // An agreed stop uses up the received signal (a later fit() in the same process starts afresh).
+  static int consume(int sig) noexcept {
+    if (sig != 0) detail::stop_signal.store(0);
+    return sig;
+  }
+
   static constexpr double target_seconds = 0.02;  // how often ranks compare notes, in training time
   static constexpr std::size_t max_interval = 64;
 

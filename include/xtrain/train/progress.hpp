@@ -5,13 +5,13 @@
 /// (mpirun, srun) stdout is the launcher's pty, not the user's terminal, so the bar is off there
 /// too. XTRAIN_PROGRESS=1 forces it on, XTRAIN_PROGRESS=0 off.
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-
-#include <unistd.h>
 
 namespace xtrain::train {
 

@@ -38,7 +38,8 @@
 namespace xtrain {
 
 template <class Model, class Optimizer, class PrecisionPolicy = FullPrecision,
-          class Communicator = parallel::SingleProcess, class Backend = backend::Cpu, class Loss = loss::CrossEntropyLoss>
+          class Communicator = parallel::SingleProcess, class Backend = backend::Cpu,
+          class Loss = loss::CrossEntropyLoss>
 class Trainer {
   static_assert(check_module<Model>());
   static_assert(loss::check_loss<Loss>());
@@ -176,9 +177,7 @@ class Trainer {
   }
   /// The same with one class id per sample (CrossEntropyLoss).
   StepResult train_step(const Tensor<float>& x, std::span<const std::int32_t> labels, std::size_t global_offset,
-                        std::size_t global_count)
-  requires std::is_same_v<target_type, Tensor<std::int32_t>>
-  {
+                        std::size_t global_count) requires std::is_same_v<target_type, Tensor<std::int32_t>> {
     labels_.resize({labels.size()});
     std::copy(labels.begin(), labels.end(), labels_.data());
     return engine_.micro_step(x, labels_, global_offset, global_count);
@@ -244,7 +243,13 @@ class Trainer {
       throw;
     }
     if (is_main_process()) try {
-        std::filesystem::rename(tmp_dir, final_dir);
+        try {
+          std::filesystem::rename(tmp_dir, final_dir);
+        } catch (const std::exception&) {
+          std::error_code ignored;
+          std::filesystem::remove_all(tmp_dir, ignored);
+          throw;
+        }
         checkpoint::detail::fsync_path(root.string(), O_RDONLY | O_DIRECTORY);
         existing.push_back(n);
         while (options_.total_limit() > 0 && existing.size() > options_.total_limit()) {
@@ -377,6 +382,7 @@ class Trainer {
   // Every rank agreed to stop on `sig` at this step boundary: save if there is a project
   // folder, tell the user (rank 0), throw Interrupted on every rank.
   [[noreturn]] void stop_on_signal(int sig) {
+    StopSignals::latch();  // from now on a signal is only recorded, until the process ends
     const std::string where = "[xtrain] received " + signal_name(sig) + " at epoch " + std::to_string(epoch_ + 1) +
                               " step " + std::to_string(engine_.step());
     std::string dir, message;
@@ -475,9 +481,9 @@ class Trainer {
   std::size_t world_;
   Engine<Model, Optimizer, Communicator, PrecisionPolicy, Loss> engine_;
   std::uint64_t epoch_ = 0;
-  std::size_t batch_in_epoch_ = 0;     // next batch of the current epoch
+  std::size_t batch_in_epoch_ = 0;       // next batch of the current epoch
   double epoch_sums_[4] = {0, 0, 0, 0};  // this rank's running loss sum, correct, terms, samples
-  Tensor<std::int32_t> labels_;        // train_step's labels given as a span
+  Tensor<std::int32_t> labels_;          // train_step's labels given as a span
   std::vector<checkpoint::Registered> registered_;
   bool stop_requested_ = false;
 };

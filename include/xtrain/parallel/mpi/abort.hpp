@@ -4,13 +4,13 @@
 /// (or exits when MPI is not running); detail::abort_timed_out() is the message of a collective
 /// that waited past its timeout.
 
-#include <mpi.h>
-
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+
+#include <mpi.h>
 
 #include "xtrain/parallel/mpi/launch.hpp"
 

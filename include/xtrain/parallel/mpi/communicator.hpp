@@ -7,8 +7,6 @@
 /// (a stalled collective names itself and aborts the job); XTRAIN_DEBUG_COLLECTIVES=1 checks that
 /// every rank enters the same collective.
 
-#include <mpi.h>
-
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -25,6 +23,7 @@
 #include <boost/mpi/collectives/broadcast.hpp>
 #include <boost/mpi/communicator.hpp>
 #include <boost/serialization/string.hpp>
+#include <mpi.h>
 
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/precision.hpp"

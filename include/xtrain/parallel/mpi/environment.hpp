@@ -4,13 +4,12 @@
 /// escapes main() on any rank print its message with the rank and end the whole job (MPI_Abort
 /// with the exit code of the error: xtrain::exit_code), through a terminate handler and run().
 
-#include <mpi.h>
-
 #include <cstdio>
 #include <exception>
 #include <string>
 
 #include <boost/mpi/environment.hpp>
+#include <mpi.h>
 
 #include "xtrain/parallel/mpi/abort.hpp"
 #include "xtrain/train/preemption.hpp"

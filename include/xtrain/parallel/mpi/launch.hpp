@@ -4,9 +4,9 @@
 /// (LaunchInfo, launch_info(), usable before or without MPI) and the world rank for log prefixes
 /// (world_rank(): MPI's once initialised).
 
-#include <mpi.h>
-
 #include <cstdlib>
+
+#include <mpi.h>
 
 namespace xtrain::parallel {
 

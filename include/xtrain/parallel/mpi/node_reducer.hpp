@@ -5,7 +5,6 @@
 /// node's ranks, shares the segment's name, agrees on whether it can be used, and runs the step
 /// between nodes. Used by MpiAllReduce.
 
-#include <mpi.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -15,6 +14,8 @@
 #include <cstring>
 #include <span>
 #include <string>
+
+#include <mpi.h>
 
 #include "xtrain/parallel/mpi/abort.hpp"
 #include "xtrain/parallel/shared_memory.hpp"
