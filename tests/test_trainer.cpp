@@ -164,6 +164,10 @@ TEST_CASE("StopSignals records a signal instead of dying and restores the handle
   struct sigaction after = {};
   ::sigaction(SIGUSR1, nullptr, &after);
   REQUIRE(after.sa_handler == before.sa_handler);
+  // A signal that cannot be handled is refused, and what was installed before it is undone.
+  REQUIRE_THROWS_WITH(StopSignals({SIGUSR1, 12345}), Catch::Contains("cannot handle signal 12345"));
+  ::sigaction(SIGUSR1, nullptr, &after);
+  REQUIRE(after.sa_handler == before.sa_handler);
   REQUIRE(signal_name(SIGUSR1) == "SIGUSR1");
   REQUIRE(exit_code_of(ValueError("x")) == exit_code::bad_input);
   REQUIRE(exit_code_of(CheckpointError("x")) == exit_code::failure);

@@ -120,6 +120,7 @@ struct SignalRegistry {
   std::mutex mutex;
   struct Entry {
     int signal = 0, users = 0;
+    bool installed = false;
     struct sigaction previous = {};
   };
   std::vector<Entry> entries;
@@ -129,18 +130,18 @@ struct SignalRegistry {
     static SignalRegistry registry;
     return registry;
   }
-  void acquire(int sig) {  // with mutex held
-    for (auto& e : entries)
-      if (e.signal == sig) {
-        if (e.users++ == 0 && !latched) install(e);
-        return;
-      }
-    entries.push_back({sig, 1, {}});
-    if (!latched) install(entries.back());
+  void acquire(int sig) {  // with mutex held; counts the use only once the handler is in place
+    auto it = std::find_if(entries.begin(), entries.end(), [sig](const Entry& e) { return e.signal == sig; });
+    if (it == entries.end()) it = entries.insert(entries.end(), Entry{sig, 0, false, {}});
+    if (!it->installed) install(*it);
+    ++it->users;
   }
   void release(int sig) {  // with mutex held
     for (auto& e : entries)
-      if (e.signal == sig && --e.users == 0 && !latched) ::sigaction(sig, &e.previous, nullptr);
+      if (e.signal == sig && --e.users == 0 && !latched) {
+        ::sigaction(sig, &e.previous, nullptr);
+        e.installed = false;
+      }
   }
   static void install(Entry& e) {
     struct sigaction action = {};
@@ -148,7 +149,9 @@ struct SignalRegistry {
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;
     if (::sigaction(e.signal, &action, &e.previous) != 0)
-      throw ValueError("StopSignals: cannot handle " + std::to_string(e.signal) + " (" + std::strerror(errno) + ")");
+      throw ValueError("StopSignals: cannot handle signal " + std::to_string(e.signal) + " (" + std::strerror(errno) +
+                       ")");
+    e.installed = true;
   }
 };
 }  // namespace detail
@@ -238,7 +241,10 @@ class StopSignals {
  private:
   // An agreed stop uses up the received signal (a later fit() in the same process starts afresh).
   static int consume(int sig) noexcept {
-    if (sig != 0) detail::stop_signal.store(0);
+    if (sig != 0) {
+      detail::stop_signal.store(0);
+      detail::interrupt_count.store(0);
+    }
     return sig;
   }
 
