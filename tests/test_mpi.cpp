@@ -95,7 +95,7 @@ void run_on(int ranks, TrainerOptions options, F&& f) {
 
 /// The first `save_ranks` ranks train to step 20 and save; then the first `load_ranks` ranks load
 /// and finish the epoch. Returns world rank 0's parameters.
-std::vector<float> save_then_resume(int save_ranks, int load_ranks, TrainerOptions options) {
+std::vector<float> save_then_resume(int save_ranks, int load_ranks, const TrainerOptions& options) {
   const std::string dir =
       (std::filesystem::temp_directory_path() / ("xtrain_mpi_ckpt_np" + std::to_string(world_size()) + "_" +
                                                  std::to_string(save_ranks) + "_" + std::to_string(load_ranks)))

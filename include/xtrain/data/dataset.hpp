@@ -135,7 +135,7 @@ struct Split {
 
 namespace detail {
 inline std::string existing(const std::string& dir, const std::string& name) {
-  const std::string plain = dir + "/" + name;
+  std::string plain = dir + "/" + name;
   if (file_exists(plain + ".gz")) return plain + ".gz";
   if (file_exists(plain)) return plain;
   throw DataError(dir + ": missing " + name + " (or " + name + ".gz)");

@@ -60,7 +60,8 @@ class LrSchedule {
       case Kind::constant:
         return base_lr;
       case Kind::step:
-        return base_lr * std::pow(gamma_, static_cast<float>(t / period_));
+        return base_lr *
+               std::pow(gamma_, static_cast<float>(t / period_));  // NOLINT(bugprone-integer-division): StepLR's floor
       case Kind::cosine: {
         if (t >= period_) return min_lr_;
         const double c = std::cos(3.14159265358979323846 * static_cast<double>(t) / static_cast<double>(period_));

@@ -295,7 +295,7 @@ class Engine {
     if (payload.rfind("error", 0) == 0) throw checkpoint::CheckpointError(payload.substr(5));
     optim::LrSchedule schedule = options_.schedule;
     typename Optimizer::State state;
-    const checkpoint::Progress p =
+    checkpoint::Progress p =
         checkpoint::decode<Model, Optimizer>(payload.substr(2), path, model_, arena_, state, schedule, objects);
     set_full_optimizer_state(std::move(state));
     optim::restore_param_groups(groups_, arena_, p.groups, p.param_group, path);

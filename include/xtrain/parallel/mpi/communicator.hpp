@@ -322,7 +322,7 @@ class MpiAllReduce {
     MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, comm_, &r.handle);
     wait(r);
     for (std::size_t i = 0; i < size_; ++i)
-      if (std::strcmp(all[i].kind, all[0].kind) || std::strcmp(all[i].name, all[0].name) ||
+      if (std::strcmp(all[i].kind, all[0].kind) != 0 || std::strcmp(all[i].name, all[0].name) != 0 ||
           all[i].count != all[0].count)
         abort_job("collective mismatch (XTRAIN_DEBUG_COLLECTIVES): rank 0 entered " + std::string(all[0].kind) + " '" +
                   all[0].name + "' with " + std::to_string(all[0].count) + " values, but rank " + std::to_string(i) +
