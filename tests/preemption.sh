@@ -52,21 +52,20 @@ wait_for_dir() {
   fail "no $dir after 120 s"
 }
 
-# Runs the example on NP ranks in DIR (project dir DIR/run), exported model DIR/model.safetensors.
-run() {
-  local np=$1 dir=$2
-  shift 2
-  mpirun -np "$np" "$example" "${args[@]}" --project-dir "$dir/run" --export "$dir/model.safetensors" "$@" \
-    > "$dir/out" 2> "$dir/out.err"
-}
-
-# The same in the background: `pid` is mpirun's.
+# Starts the example on NP ranks in DIR (project dir DIR/run, exported model
+# DIR/model.safetensors) in the background: `pid` is mpirun's.
 start() {
   local np=$1 dir=$2
   shift 2
   mpirun -np "$np" "$example" "${args[@]}" --project-dir "$dir/run" --export "$dir/model.safetensors" "$@" \
     > "$dir/out" 2> "$dir/out.err" &
   pid=$!
+}
+
+# The same, waiting for it: its exit code.
+run() {
+  start "$@"
+  wait "$pid"
 }
 
 # The resumed run must end as the reference: the same exported model (parameters and BatchNorm

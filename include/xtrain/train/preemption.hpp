@@ -214,9 +214,9 @@ class StopSignals {
   template <class Communicator>
   int poll(Communicator& comm, int mine) {
     if (signals_.empty()) return 0;
-    if (std::find(signals_.begin(), signals_.end(), mine) == signals_.end()) mine = 0;
-    if (comm.size() == 1) return consume(mine);
+    if (comm.size() == 1) return consume(watched(mine));
     if (++calls_ < interval_) return 0;
+    mine = watched(mine);
     const auto now = std::chrono::steady_clock::now();
     const double per_call = last_ == std::chrono::steady_clock::time_point{}
                                 ? 0.0
@@ -239,6 +239,9 @@ class StopSignals {
   const std::vector<int>& signals() const noexcept { return signals_; }
 
  private:
+  int watched(int sig) const noexcept {
+    return std::find(signals_.begin(), signals_.end(), sig) != signals_.end() ? sig : 0;
+  }
   // An agreed stop uses up the received signal (a later fit() in the same process starts afresh).
   static int consume(int sig) noexcept {
     if (sig != 0) {
