@@ -4,7 +4,7 @@
 load_state_dict(strict=True), recomputes the logits of the first 10 Fashion-MNIST test images in
 eval mode and compares them with xtrain's (DIR/logits.f32) to 1e-5 of their largest magnitude.
 Then writes DIR/from_pytorch.safetensors from PyTorch's state_dict for the reverse direction
-(xtrain's load_model reads it in tests/test_checkpoint.cpp's fixture test).
+(xtrain's load_model reads it in tests/checkpoint/test_safetensors.cpp's fixture test).
 
 usage: tests/pytorch_interop.py DIR"""
 import os

@@ -1,5 +1,6 @@
 #pragma once
-// Shared test helpers: the real Fashion-MNIST (Debian's dataset-fashion-mnist) and slices of it.
+// Shared test helpers: the real Fashion-MNIST (Debian's dataset-fashion-mnist) and slices of it,
+// random inputs, and a callback that saves the training state and stops.
 
 #include <algorithm>
 #include <cstddef>
@@ -10,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "xtrain/core/rng.hpp"
+#include "xtrain/core/tensor.hpp"
 #include "xtrain/data/dataset.hpp"
 #include "xtrain/train/metrics.hpp"
 
@@ -43,6 +46,30 @@ inline data::TensorDataset head(const data::TensorDataset& d, std::size_t n) {
   return data::TensorDataset(
       std::move(x), std::vector<std::int32_t>(d.labels().begin(), d.labels().begin() + static_cast<std::ptrdiff_t>(n)),
       d.num_classes(), d.source());
+}
+
+/// The first n samples of Fashion-MNIST's training set (with test_set, of its test set), made once
+/// per process.
+template <std::size_t n, bool test_set = false>
+const data::TensorDataset& fashion_head() {
+  static const data::TensorDataset d = head(test_set ? fashion().test : fashion().train, n);
+  return d;
+}
+
+/// A [rows, cols] matrix uniform in [-scale, scale].
+inline Matrix random_matrix(std::size_t rows, std::size_t cols, std::uint64_t seed, float scale = 1.0f) {
+  Matrix m({rows, cols});
+  Generator g(seed, streams::user | 77);
+  for (float& v : m) v = g.uniform(-scale, scale);
+  return m;
+}
+
+/// A tensor of any shape uniform in [-1, 1].
+inline Matrix random_tensor(const Shape& shape, std::uint64_t seed) {
+  Matrix m(shape);
+  Generator g(seed, streams::user);
+  for (float& v : m) v = g.uniform(-1.0f, 1.0f);
+  return m;
 }
 
 /// A callback that saves the training state after optimizer step `step` and then interrupts the

@@ -1,46 +1,27 @@
-// Checkpoints: exact resume (epoch boundary, mid-epoch, other rank counts), automatic naming,
-// registered objects, and a specific error for every kind of bad file.
+// checkpoint/state.hpp: exact resume (epoch boundary, mid-epoch, saved on 2 thread-ranks and
+// resumed on 1 and the reverse), automatic naming with a total limit and "latest", and registered
+// objects saved with the state.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <filesystem>
-#include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
+#include "checkpoint/helpers.hpp"
 #include "support.hpp"
 #include "xtrain/xtrain.hpp"
 
 using namespace xtrain;
-using xtrain::test::fashion;
-using xtrain::test::head;
-using xtrain::test::SaveAndStop;
+using namespace xtrain::test;
 namespace nn = xtrain::layers;
 namespace fs = std::filesystem;
 
 namespace {
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("xtrain_ckpt_" + name);
-  fs::remove_all(dir);
-  return dir;
-}
-const data::TensorDataset& train1600() {
-  static const auto d = head(fashion().train, 1600);
-  return d;
-}
-const data::TensorDataset& test300() {
-  static const auto d = head(fashion().test, 300);
-  return d;
-}
-auto bn_model(std::uint64_t seed = 5) {
-  set_seed(seed);
-  return nn::Sequential{nn::Linear{784, 16}, nn::BatchNorm1d{16}, nn::ReLU{}, nn::Dropout{0.1f}, nn::Linear{16, 10}};
-}
-using BnTrainer = Trainer<decltype(bn_model()), optim::Adam>;
-TrainerOptions options(std::size_t epochs) {
-  return TrainerOptions{}.epochs(epochs).batch_size(32).seed(3).verbose(false);
-}
-
-std::vector<float> values(BnTrainer& t) { return {t.params().values().begin(), t.params().values().end()}; }
 std::vector<float> moments(BnTrainer& t) {
   auto& s = t.optimizer_state();
   std::vector<float> v(s.exp_avg.begin(), s.exp_avg.end());
@@ -175,88 +156,4 @@ TEST_CASE("Automatic checkpoint naming, total limit, latest, and registered obje
   REQUIRE(again.save_checkpoint() == (root / "checkpoint_3").string());  // the .tmp leftover is replaced
   BnTrainer none{bn_model(), optim::Adam{}, options(1).project_dir(fresh_dir("empty").string())};
   REQUIRE_THROWS_WITH(none.resume("latest"), Catch::Contains("no checkpoint in"));
-}
-
-TEST_CASE("Bad checkpoint files get specific errors", "[checkpoint][errors]") {
-  const fs::path dir = fresh_dir("bad");
-  BnTrainer t{bn_model(), optim::Adam{}, options(1)};
-  t.save_state(dir.string());
-  const fs::path file = dir / "state.xtrain";
-  std::string good;
-  {
-    std::ifstream in(file, std::ios::binary);
-    good.assign(std::istreambuf_iterator<char>(in), {});
-  }
-  auto write = [&](const std::string& bytes) { std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes; };
-  auto expect = [&](const std::string& problem) {
-    BnTrainer u{bn_model(), optim::Adam{}, options(1)};
-    INFO(problem);
-    REQUIRE_THROWS_AS(u.load_state(dir.string()), CheckpointError);
-    REQUIRE_THROWS_WITH(u.load_state(dir.string()), Catch::Contains(file.string()) && Catch::Contains(problem));
-  };
-  write(good.substr(0, good.size() / 2));
-  expect("truncated");
-  std::string flipped = good;
-  flipped[flipped.size() / 2] ^= 0x10;
-  write(flipped);
-  expect("CRC-32");
-  std::string version = good;
-  version[8] = 9;
-  write(version);
-  expect("format version 9, this build of xtrain reads version 3");
-  std::string order = good;
-  std::swap(order[12], order[15]);
-  write(order);
-  expect("another byte order");
-  write("PK\x03\x04 not a checkpoint at all");
-  expect("not an xtrain checkpoint");
-  write(good);
-  set_seed(1);
-  Trainer other{
-      nn::Sequential{nn::Linear{784, 8}, nn::BatchNorm1d{8}, nn::ReLU{}, nn::Dropout{0.1f}, nn::Linear{8, 10}},
-      optim::Adam{}, options(1)};
-  REQUIRE_THROWS_WITH(other.load_state(dir.string()), Catch::Contains("saved for another model") &&
-                                                          Catch::Contains("0.weight f32 [16, 784]") &&
-                                                          Catch::Contains("0.weight f32 [8, 784]"));
-  Trainer sgd{bn_model(), optim::SGD{}, options(1)};
-  REQUIRE_THROWS_WITH(sgd.load_state(dir.string()), Catch::Contains("saved with optimizer Adam"));
-  fs::remove(file);
-  expect("cannot open");
-}
-
-TEST_CASE("safetensors: export and import round-trip, one file and shards", "[checkpoint][safetensors][errors]") {
-  const fs::path dir = fresh_dir("safetensors");
-  BnTrainer t{bn_model(), optim::Adam{}, options(1)};
-  t.fit(train1600(), test300());
-  REQUIRE(t.save_model((dir / "model.safetensors").string()) ==
-          std::vector<std::string>{(dir / "model.safetensors").string()});
-  const auto shards = t.save_model((dir / "sharded" / "model.safetensors").string(), 20000);
-  REQUIRE(shards.size() == 3);  // 0.weight alone (50 KB > 20 KB) | everything else (1 KB) | the index
-  REQUIRE(shards.back() == (dir / "sharded" / "model.safetensors.index.json").string());
-  for (const std::string& source : {(dir / "model.safetensors").string(), shards.back()}) {
-    BnTrainer u{bn_model(99), optim::Adam{}, options(1)};
-    u.load_model(source);
-    REQUIRE(values(u) == values(t));
-    REQUIRE(u.model().get<1>().running_mean()[5] == t.model().get<1>().running_mean()[5]);
-    REQUIRE(u.model().get<1>().num_batches_tracked() == 50);
-  }
-  set_seed(1);
-  Trainer other{nn::Sequential{nn::Linear{784, 8}, nn::ReLU{}, nn::Linear{8, 10}}, optim::Adam{}, options(1)};
-  REQUIRE_THROWS_WITH(other.load_model((dir / "model.safetensors").string()),
-                      Catch::Contains("'0.weight' has shape [16, 784], the model expects [8, 784]"));
-  std::ofstream((dir / "short.safetensors").string(), std::ios::binary)
-      << std::string("\x10\x00\x00\x00\x00\x00\x00\x00{", 9);
-  REQUIRE_THROWS_WITH(other.load_model((dir / "short.safetensors").string()), Catch::Contains("exceeds the file"));
-}
-
-TEST_CASE("safetensors written from PyTorch's state_dict load into the same model", "[checkpoint][safetensors]") {
-  set_seed(1);
-  auto model = nn::Sequential{nn::Linear{784, 32}, nn::BatchNorm1d{32}, nn::ReLU{}, nn::Linear{32, 10}};
-  Trainer t{std::move(model), optim::Adam{}, options(1)};
-  const std::string dir = std::string(XTRAIN_TEST_FIXTURES) + "/parity/";
-  t.load_model(dir + "simple_model_init.safetensors");
-  for (const auto& e : t.params().entries()) {
-    const Matrix expected = data::load_npy_features(dir + "init." + e.name + ".npy");
-    REQUIRE(std::equal(expected.begin(), expected.end(), t.params().values(e).begin()));
-  }
 }

@@ -334,8 +334,8 @@ TEST_CASE("MPI: the sharded step through shared memory equals the unsharded one"
 }
 
 namespace {
-/// The nested residual model of test_modules.cpp: a Linear, a residual block, a Dropout, and a
-/// block of a Linear and a second Dropout.
+/// The nested residual model of the thread-rank tests (tests/parallel/helpers.hpp): a Linear, a
+/// residual block, a Dropout, and a block of a Linear and a second Dropout.
 auto nested() {
   set_seed(21);
   return nn::Sequential{nn::Linear{784, 32},

@@ -1,132 +1,20 @@
-// Trainer on the real Fashion-MNIST: learns, is reproducible, counts every sample, calls callbacks.
+// train/preemption.hpp: StopSignals records a signal instead of dying and restores the handlers,
+// ranks agree on one rank's signal at the same step, a signal during fit() saves a checkpoint that
+// resumes bitwise, and the Accelerate-style loop asks stop_signal().
 #include <algorithm>
 #include <csignal>
-#include <cstdio>
+#include <cstdint>
 #include <filesystem>
-#include <fstream>
-#include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "support.hpp"
+#include "train/helpers.hpp"
 #include "xtrain/xtrain.hpp"
 
 using namespace xtrain;
-using xtrain::test::fashion;
-using xtrain::test::head;
-namespace nn = xtrain::layers;
-
-namespace {
-auto simple_model(std::size_t hidden = 32) {
-  return nn::Sequential{nn::Linear{784, hidden}, nn::BatchNorm1d{hidden}, nn::ReLU{}, nn::Linear{hidden, 10}};
-}
-
-struct Recorder {
-  std::size_t begins = 0, epochs = 0, steps = 0, ends = 0;
-  std::uint64_t last_step = 0;
-  float first_lr = -1, last_lr = -1;
-  template <class T>
-  void on_train_begin(T&) {
-    ++begins;
-  }
-  template <class T>
-  void on_step_end(T&, const StepResult& r) {
-    ++steps;
-    last_step = r.step;
-    if (first_lr < 0) first_lr = r.lr;
-    last_lr = r.lr;
-  }
-  template <class T>
-  void on_epoch_end(T&, const EpochMetrics&) {
-    ++epochs;
-  }
-  template <class T>
-  void on_train_end(T&, const History&) {
-    ++ends;
-  }
-};
-struct OnlyEpochs {  // any subset of the hooks is fine
-  int seen = 0;
-  template <class T>
-  void on_epoch_end(T&, const EpochMetrics&) {
-    ++seen;
-  }
-};
-}  // namespace
-
-TEST_CASE("SimpleModel learns Fashion-MNIST: 2 epochs reach 84 percent test accuracy", "[trainer][fashion]") {
-  set_seed(42);
-  Trainer trainer{simple_model(), optim::Adam{}.lr(1e-3f), TrainerOptions{}.epochs(2).verbose(false)};
-  const History h = trainer.fit(fashion().train, fashion().test);
-  REQUIRE(h.epochs.size() == 2);
-  const auto& m = h.epochs.back();
-  REQUIRE(m.train.count == 60000);  // every training sample once per epoch (last batch partial)
-  REQUIRE(m.test.count == 10000);   // every test sample exactly once
-  REQUIRE(m.test.accuracy >= 84.0);
-  REQUIRE(h.epochs[1].train.loss < h.epochs[0].train.loss);
-  REQUIRE(trainer.step() == 2 * 1875);
-  REQUIRE(trainer.epoch() == 2);
-  REQUIRE(m.samples_per_second > 0);
-}
-
-TEST_CASE("Same seed twice gives bitwise identical parameters and another seed does not", "[trainer]") {
-  const auto train = head(fashion().train, 3000), test = head(fashion().test, 500);
-  auto run = [&](std::uint64_t seed) {
-    set_seed(seed);
-    Trainer t{
-        nn::Sequential{nn::Linear{784, 16}, nn::Dropout{0.2f}, nn::BatchNorm1d{16}, nn::GELU{}, nn::Linear{16, 10}},
-        optim::AdamW{}, TrainerOptions{}.epochs(2).seed(seed).verbose(false)};
-    t.fit(train, test);
-    return std::vector<float>(t.params().values().begin(), t.params().values().end());
-  };
-  const auto a = run(7), b = run(7), c = run(8);
-  REQUIRE(a == b);
-  REQUIRE(a != c);
-}
-
-TEST_CASE("Callbacks are found by detection and schedules drive the step's learning rate", "[trainer][callbacks]") {
-  const auto train = head(fashion().train, 640), test = head(fashion().test, 100);
-  set_seed(1);
-  Trainer trainer{simple_model(8), optim::SGD{}.lr(0.1f).momentum(0.9f),
-                  TrainerOptions{}.epochs(3).batch_size(64).schedule(optim::LrSchedule::step(10, 0.5f)).verbose(false)};
-  Recorder rec;
-  OnlyEpochs only;
-  trainer.fit(train, test, rec, only);
-  REQUIRE(rec.begins == 1);
-  REQUIRE(rec.ends == 1);
-  REQUIRE(rec.epochs == 3);
-  REQUIRE(only.seen == 3);
-  REQUIRE(rec.steps == 30);
-  REQUIRE(rec.last_step == 30);
-  REQUIRE(rec.first_lr == Approx(0.1f));
-  REQUIRE(rec.last_lr == Approx(0.025f));  // steps 21..30 use 0.1 * 0.5^2
-}
-
-TEST_CASE("EarlyStopping ends fit() and CsvLogger writes one row per epoch", "[trainer][callbacks]") {
-  const auto train = head(fashion().train, 320), test = head(fashion().test, 100);
-  set_seed(2);
-  // lr 0: the test loss never improves after the first epoch, so patience 2 stops after epoch 3.
-  Trainer trainer{simple_model(8), optim::Adam{}.lr(0.0f), TrainerOptions{}.epochs(10).verbose(false)};
-  const std::string csv = (std::filesystem::temp_directory_path() / "xtrain_test_log.csv").string();
-  const History h = trainer.fit(train, test, callbacks::EarlyStopping{2}, callbacks::CsvLogger{csv});
-  REQUIRE(h.epochs.size() == 3);
-  std::ifstream in(csv);
-  std::string line;
-  std::size_t lines = 0;
-  while (std::getline(in, line)) ++lines;
-  REQUIRE(lines == 4);  // header + 3 epochs
-}
-
-TEST_CASE("Data that does not fit the model is refused with the layer and shapes", "[trainer][errors]") {
-  const auto train = head(fashion().train, 64);
-  Trainer trainer{nn::Sequential{nn::Linear{512, 8}, nn::ReLU{}, nn::Linear{8, 10}}, optim::Adam{},
-                  TrainerOptions{}.epochs(1).verbose(false)};
-  REQUIRE_THROWS_WITH(trainer.fit(train, train), Catch::Contains("Linear(512, 8): input has shape [32, 784]"));
-  Trainer few_classes{nn::Sequential{nn::Linear{784, 8}, nn::ReLU{}, nn::Linear{8, 5}}, optim::Adam{},
-                      TrainerOptions{}.epochs(1).verbose(false)};
-  REQUIRE_THROWS_WITH(few_classes.fit(train, train), Catch::Contains("outside [0, 5)"));
-}
+using namespace xtrain::test;
 
 namespace {
 struct RaiseAtStep {  // sends this process `sig` after optimizer step `at`, as a scheduler would

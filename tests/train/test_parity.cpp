@@ -12,7 +12,7 @@
 #include "xtrain/xtrain.hpp"
 
 using namespace xtrain;
-using xtrain::test::require_parity;
+using namespace xtrain::test;
 namespace nn = xtrain::layers;
 
 namespace {

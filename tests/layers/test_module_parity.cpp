@@ -1,9 +1,9 @@
-// PyTorch parity of nested modules: a Sequential with a Residual around a nested Sequential on a
-// rank-3 input (forward, input gradient, every parameter gradient), and weight tying (the tied
-// gradient is the sum over both uses, one arena slot with one alias), against values PyTorch 1.13
-// computed from the same weights (tests/fixtures/make_module_fixture.py; no torch needed here).
-// The hidden "[.export_nested]" test writes a trained nested model for tests/torch_nested_interop.py
-// (ctest interop.torch_nested).
+// PyTorch parity of nested modules (layers/residual.hpp, layers/sequential.hpp): a Sequential with
+// a Residual around a nested Sequential on a rank-3 input (forward, input gradient, every
+// parameter gradient), and weight tying (the tied gradient is the sum over both uses, one arena
+// slot with one alias), against values PyTorch 1.13 computed from the same weights
+// (tests/fixtures/make_module_fixture.py; no torch needed here). The hidden "[.export_nested]"
+// test writes a trained nested model for tests/torch_nested_interop.py (ctest interop.torch_nested).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -18,7 +18,7 @@
 #include "xtrain/xtrain.hpp"
 
 using namespace xtrain;
-using xtrain::test::require_parity;
+using namespace xtrain::test;
 namespace nn = xtrain::layers;
 
 namespace {
