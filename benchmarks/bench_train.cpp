@@ -1,6 +1,7 @@
 // Google Benchmark: Linear forward+backward at the homework's and the wide model's shapes, the
 // GEMM alone, one full training step (forward, loss, backward, Adam) of SimpleModel, and
-// checkpoint save/load and model export (op 0 save_state, 1 load_state, 2 save_model).
+// checkpoint save/load and model export (op 0 save_state, 1 load_state, 2 save_model), and the
+// profiler's overhead on that step (mode 0 none, 1 attached but off, 2 recording).
 //
 //   build/benchmarks/bench_train --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <filesystem>
@@ -87,6 +88,30 @@ BENCHMARK(BM_TrainStep)
     ->Args({256, 32, 1})
     ->Args({256, 1024, 0})  // the wide model 784-1024-10
     ->Unit(benchmark::kMicrosecond);
+/// The profiler's cost on the homework model's step (batch 32, 784-32-10 with BatchNorm):
+/// mode 0 no profiler, 1 attached but outside its schedule (waiting), 2 recording every event
+/// (the events are dropped every 1000 steps so memory stays flat).
+void BM_ProfilerOverhead(benchmark::State& state) {
+  const int mode = static_cast<int>(state.range(0));
+  const std::size_t batch = 32;
+  const Matrix x = random_matrix(batch, 784, 3);
+  std::vector<std::int32_t> y(batch);
+  for (std::size_t i = 0; i < batch; ++i) y[i] = static_cast<std::int32_t>(i % 10);
+  xtrain::Trainer trainer{nn::Sequential{nn::Linear{784, 32}, nn::BatchNorm1d{32}, nn::ReLU{}, nn::Linear{32, 10}},
+                          xtrain::optim::Adam{}, xtrain::TrainerOptions{}.verbose(false)};
+  xtrain::profile::Profiler profiler(
+      {.schedule = mode == 1 ? xtrain::profile::Schedule{.wait = 1u << 30, .active = 1} : xtrain::profile::Schedule{}});
+  if (mode > 0) trainer.set_profiler(&profiler);
+  std::size_t n = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(trainer.train_step(x, y, 0, batch).loss);
+    if (++n % 1000 == 0) profiler.clear();
+  }
+  state.counters["events/step"] =
+      static_cast<double>(profiler.events().size()) / static_cast<double>(n % 1000 ? n % 1000 : 1000);
+}
+BENCHMARK(BM_ProfilerOverhead)->ArgNames({"mode"})->DenseRange(0, 2)->Unit(benchmark::kMicrosecond);
+
 /// save_state / load_state (with fsync and rename) and save_model (safetensors) of the homework
 /// model (hidden 32, BatchNorm) and the wide model (hidden 1024), with the file sizes.
 void BM_Checkpoint(benchmark::State& state) {

@@ -29,11 +29,13 @@ struct Flags {
   float lr = 1e-3f;
   std::uint64_t seed = 42;
   std::size_t global_batch = 0, accumulate = 1, deterministic = 0;
-  bool scale_lr = false, sync_bn = false, shard_optimizer = false;
+  bool scale_lr = false, sync_bn = false, shard_optimizer = false, estimate_memory = false, verify_memory = false;
   double clip_norm = 0.0;
   std::string project_dir, resume, export_path;
   std::size_t checkpoint_every_steps = 0, total_limit = 0;
   std::string precision = "fp32", compress = "none";
+  std::string profile_dir;
+  std::size_t profile_steps = 200;
 };
 
 constexpr const char* usage =
@@ -43,6 +45,7 @@ constexpr const char* usage =
     "           [--deterministic CHUNK]\n"
     "           [--project-dir DIR [--checkpoint-every-steps K] [--total-limit L]] [--resume latest|DIR]\n"
     "           [--export FILE.safetensors] [--precision fp32|bf16|fp16] [--compress-grads bf16|fp16]\n"
+    "           [--profile DIR [--profile-steps N]] [--estimate-memory [--verify]]\n"
     "  --data DIR        Fashion-MNIST IDX folder, or a folder with train_x.npy, train_y.npy,\n"
     "                    test_x.npy, test_y.npy (default $XTRAIN_DATA_DIR, else\n"
     "                    /usr/share/datasets/fashion-mnist: Debian's dataset-fashion-mnist)\n"
@@ -69,7 +72,14 @@ constexpr const char* usage =
     "  --export FILE     write the trained model as safetensors (PyTorch state_dict names)\n"
     "  --precision P     fp32 (default), bf16 or fp16 (mixed precision: fp32 master weights,\n"
     "                    activations and GEMM operands in P; fp16 with dynamic loss scaling)\n"
-    "  --compress-grads C  send gradients between processes as bf16 or fp16 (half the bytes)\n";
+    "  --compress-grads C  send gradients between processes as bf16 or fp16 (half the bytes)\n"
+    "  --profile DIR     profile the training: print a table of where a step's time goes (per module,\n"
+    "                    loss, optimizer, gradient reduction, data) and write Chrome traces to DIR\n"
+    "                    (trace.json: every rank on one timeline; open in ui.perfetto.dev or chrome://tracing)\n"
+    "  --profile-steps N record N steps after 10 skipped and 5 of warmup (default 200; 0: every step)\n"
+    "  --estimate-memory print the memory each process needs (parameters, gradients, optimizer state,\n"
+    "                    activations per module, batch, workspaces) in fp32, bf16 and fp16, and exit\n"
+    "  --verify          with --estimate-memory: then train (one process) measuring the peak, and compare\n";
 
 [[noreturn]] void fail_usage(const std::string& message) {
   std::fprintf(stderr, "error: %s\n%s", message.c_str(), usage);
@@ -94,6 +104,10 @@ Flags parse(int argc, char** argv) {
     }
     if (arg == "--scale-lr" || arg == "--sync-bn" || arg == "--shard-optimizer") {
       (arg == "--scale-lr" ? f.scale_lr : arg == "--sync-bn" ? f.sync_bn : f.shard_optimizer) = true;
+      continue;
+    }
+    if (arg == "--estimate-memory" || arg == "--verify") {
+      (arg == "--estimate-memory" ? f.estimate_memory : f.verify_memory) = true;
       continue;
     }
     if (i + 1 >= argc) fail_usage(std::string("unknown or incomplete option '") + argv[i] + "'");
@@ -128,6 +142,10 @@ Flags parse(int argc, char** argv) {
       f.export_path = value;
     else if (arg == "--precision")
       f.precision = value;
+    else if (arg == "--profile")
+      f.profile_dir = value;
+    else if (arg == "--profile-steps")
+      f.profile_steps = value == std::string_view("0") ? 0 : parse_count(arg, value);
     else if (arg == "--compress-grads")
       f.compress = value;
     else if (arg == "--clip-norm") {
@@ -149,6 +167,7 @@ Flags parse(int argc, char** argv) {
   if (f.compress != "none" && f.compress != "bf16" && f.compress != "fp16")
     fail_usage("--compress-grads expects bf16 or fp16, got '" + f.compress + "'");
   if (f.resume == "latest" && f.project_dir.empty()) fail_usage("--resume latest needs --project-dir");
+  if (f.verify_memory && !f.estimate_memory) fail_usage("--verify goes with --estimate-memory");
   if ((f.checkpoint_every_steps || f.total_limit) && f.project_dir.empty())
     fail_usage("--checkpoint-every-steps and --total-limit need --project-dir");
   return f;
@@ -182,10 +201,45 @@ int run_training(const Flags& flags) {
   const bool main_process = comm.rank() == 0;
   const std::size_t ranks = comm.size();
   const auto [train, test] = xtrain::data::load_folder(flags.data);
-  xtrain::set_seed(flags.seed);
-  auto model = nn::Sequential{nn::Linear{train.feature_count(), flags.hidden},
-                              nn::BatchNorm1d{flags.hidden}.sync_stats(flags.sync_bn), nn::Activation{activation},
-                              nn::Linear{flags.hidden, train.num_classes()}};
+  const std::size_t features = train.feature_count(), classes = train.num_classes();
+  auto make_model = [&] {
+    xtrain::set_seed(flags.seed);
+    return nn::Sequential{nn::Linear{features, flags.hidden}, nn::BatchNorm1d{flags.hidden}.sync_stats(flags.sync_bn),
+                          nn::Activation{activation}, nn::Linear{flags.hidden, classes}};
+  };
+  xtrain::memory::PeakMeter meter;
+  const std::size_t batch_per_rank =
+      flags.global_batch ? flags.global_batch / ranks / flags.accumulate : flags.batch / flags.accumulate;
+  xtrain::MemoryEstimate estimate;
+  if (flags.estimate_memory) {
+    const xtrain::MemoryOptions memory{.sample_shape = xtrain::Shape{features},
+                                       .ranks = ranks,
+                                       .shard_optimizer = flags.shard_optimizer,
+                                       .eval_batch = xtrain::TrainerOptions{}.eval_batch_size(),
+                                       .gradient_compression_bytes = flags.compress == "none" ? 4u : 2u};
+    const std::vector<xtrain::MemoryEstimate> all = [&] {  // the model copy is gone before the measurement
+      const auto m = make_model();
+      const auto adam = xtrain::optim::Adam{}.lr(flags.lr);
+      return std::vector<xtrain::MemoryEstimate>{
+          xtrain::estimate_memory<xtrain::FullPrecision>(m, adam, batch_per_rank, memory),
+          xtrain::estimate_memory<xtrain::MixedPrecision<xtrain::bf16>>(m, adam, batch_per_rank, memory),
+          xtrain::estimate_memory<xtrain::MixedPrecision<xtrain::fp16>>(m, adam, batch_per_rank, memory)};
+    }();
+    if (main_process)
+      std::printf(
+          "Estimated memory per process (Adam; the data set itself, %.1f MiB, not counted; 16-bit runs keep no "
+          "16-bit weight copies: the GEMMs round the fp32 weights as they pack them):\n%s",
+          static_cast<double>((train.size() + test.size()) * (features + 1) * 4) / (1 << 20),
+          xtrain::memory_table(all, batch_per_rank, memory).c_str());
+    if (!flags.verify_memory) return 0;
+    if (ranks > 1) {
+      if (main_process) std::printf("--verify measures one process: run it without mpirun\n");
+      return 2;
+    }
+    estimate = flags.precision == "bf16" ? all[1] : flags.precision == "fp16" ? all[2] : all[0];
+    meter.start();
+  }
+  auto model = make_model();
   const auto options = xtrain::TrainerOptions{}
                            .batch_size(flags.batch)
                            .global_batch_size(flags.global_batch)
@@ -225,11 +279,30 @@ int run_training(const Flags& flags) {
       std::printf("Resumed from %s: %llu epochs and %llu steps done\n", from.c_str(),
                   static_cast<unsigned long long>(trainer.epoch()), static_cast<unsigned long long>(trainer.step()));
   }
+  namespace profile = xtrain::profile;
+  profile::Profiler profiler(
+      {.schedule = flags.profile_steps
+                       ? profile::Schedule{.warmup = 5, .active = flags.profile_steps, .repeat = 1, .skip_first = 10}
+                       : profile::Schedule{}});
+  if (!flags.profile_dir.empty()) trainer.set_profiler(&profiler);
   const auto checkpoints = xtrain::callbacks::CheckpointEvery{}
                                .epochs(flags.project_dir.empty() ? 0 : 1)
                                .steps(flags.checkpoint_every_steps);
   const xtrain::History history = trainer.fit(train, test, checkpoints);
+  if (flags.verify_memory && main_process) {
+    const double measured = static_cast<double>(meter.bytes()), estimated = static_cast<double>(estimate.total());
+    std::printf("Memory (%s): measured peak %.2f MiB, estimated %.2f MiB (%+.1f%%)\n", Precision::name,
+                measured / (1 << 20), estimated / (1 << 20), 100.0 * (estimated - measured) / measured);
+  }
   if (!flags.export_path.empty()) trainer.save_model(flags.export_path);
+  if (!flags.profile_dir.empty()) {
+    const std::string table = profile::table(profiler, trainer.communicator());
+    const auto files = profile::export_chrome_traces(profiler, trainer.communicator(), flags.profile_dir);
+    if (main_process)
+      std::printf("Profile (%s):\n%sChrome trace: %s (open in ui.perfetto.dev or chrome://tracing)\n",
+                  flags.profile_steps ? ("steps 16-" + std::to_string(15 + flags.profile_steps)).c_str() : "every step",
+                  table.c_str(), files.back().c_str());
+  }
   if (history.epochs.empty()) {
     if (main_process) std::printf("Nothing to train: the checkpoint already completed %zu epochs\n", flags.epochs);
     return 0;

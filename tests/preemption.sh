@@ -17,12 +17,8 @@ example=$2
 work=$3/preemption
 source_dir=$4
 mkdir -p "$work"
-data=${XTRAIN_DATA_DIR:-/usr/share/datasets/fashion-mnist}
-if [ ! -e "$data/train-images-idx3-ubyte.gz" ] && [ ! -e "$data/train-images-idx3-ubyte" ]; then
-  echo "SKIP: the example needs Fashion-MNIST, which is not in $data (install dataset-fashion-mnist or set XTRAIN_DATA_DIR)"
-  exit 77
-fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# shellcheck source=tests/example_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/example_env.sh"
 # 4 epochs of 469 steps on 2 ranks, about 0.5 s each here; the deterministic reduction makes the
 # parameters the same on 1, 2 and 4 ranks.
 args=(--epochs 4 --hidden 256 --global-batch 128 --deterministic 32)

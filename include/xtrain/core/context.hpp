@@ -9,6 +9,10 @@
 
 namespace xtrain {
 
+namespace profile {
+class Profiler;
+}
+
 /// What a module may ask of the communicator during forward/backward (type-erased: modules are
 /// not templates on the communicator). Null in Context when running on one process.
 struct Collectives {
@@ -32,6 +36,9 @@ struct Context {
   void* grads_ready_user = nullptr;
   /// Cross-rank sums for modules that need them (SyncBatchNorm); null on one process.
   Collectives* collectives = nullptr;
+  /// Records each module's forward and backward when set and recording (profile/profiler.hpp);
+  /// null when no profiler is attached.
+  profile::Profiler* profiler = nullptr;
 };
 
 }  // namespace xtrain

@@ -26,6 +26,7 @@
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/tensor.hpp"
+#include "xtrain/profile/profiler.hpp"
 
 namespace xtrain {
 
@@ -149,9 +150,13 @@ void assign_module_ids(M& model) {
   model.visit(v);
 }
 
-/// Runs `module.forward(ctx, x)`: what containers call on a child.
+/// Runs `module.forward(ctx, x)`: what containers call on a child (recorded by ctx.profiler).
 template <class M, class X>
 decltype(auto) forward(Context& ctx, M& module, const X& x) {
+  if (ctx.profiler && ctx.profiler->recording()) [[unlikely]] {
+    const auto scope = ctx.profiler->module_scope(module, profile::Category::forward, x);
+    return module.forward(ctx, x);
+  }
   return module.forward(ctx, x);
 }
 
@@ -161,6 +166,8 @@ decltype(auto) forward(Context& ctx, M& module, const X& x) {
 /// parameter at the end of backward).
 template <class M, class DY>
 decltype(auto) backward(Context& ctx, M& module, const DY& dy) {
+  auto scope =
+      ctx.profiler ? ctx.profiler->module_scope(module, profile::Category::backward, dy) : profile::Profiler::Scope{};
   decltype(auto) dx = module.backward(ctx, dy);
   if (ctx.grads_ready) {
     detail::ReadyReporter r{ctx};

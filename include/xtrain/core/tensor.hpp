@@ -17,9 +17,8 @@
 #include <utility>
 #include <vector>
 
-#include <xsimd/memory/xsimd_aligned_allocator.hpp>
-
 #include "xtrain/core/error.hpp"
+#include "xtrain/core/memory_counter.hpp"
 #include "xtrain/core/precision.hpp"
 
 namespace xtrain {
@@ -89,7 +88,8 @@ concept TensorElement =
 template <class T>
 concept ActivationType = std::same_as<T, float> || std::same_as<T, bf16> || std::same_as<T, fp16>;
 
-/// A dense, contiguous, row-major tensor that owns its storage (64-byte aligned).
+/// A dense, contiguous, row-major tensor that owns its storage (64-byte aligned, counted by
+/// memory::counters()).
 template <TensorElement T>
 class Tensor {
  public:
@@ -194,7 +194,7 @@ class Tensor {
   }
 
   Shape shape_ = Shape{0};
-  std::vector<T, xsimd::aligned_allocator<T, 64>> storage_;
+  std::vector<T, memory::CountingAllocator<T>> storage_;  // counted: memory::counters()
 };
 
 /// The shape of a tensor as a vector (for messages and file headers).

@@ -18,6 +18,7 @@
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/param_arena.hpp"
 #include "xtrain/parallel/communicator.hpp"
+#include "xtrain/profile/profiler.hpp"
 
 namespace xtrain::parallel {
 
@@ -38,6 +39,7 @@ class GradientBuckets {
     std::size_t uses = 0;                       ///< parameter uses to report before it can start
     bool started = false;
     typename C::Request request{};
+    std::chrono::steady_clock::time_point start_time{};  // when its non-blocking allreduce started
   };
 
   GradientBuckets() = default;
@@ -71,6 +73,19 @@ class GradientBuckets {
   }
 
   const std::vector<Bucket>& buckets() const noexcept { return buckets_; }
+
+  /// Records each bucket's reduction in `p` (null: none): a non-blocking one on the communication
+  /// track from its start to its completion, a blocking one on the compute thread.
+  void set_profiler(profile::Profiler* p) {
+    profiler_ = p;
+    labels_.clear();
+    blocking_labels_.clear();
+    if (!p) return;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      labels_.push_back(p->label("", "allreduce bucket " + std::to_string(b)));
+      blocking_labels_.push_back(p->label("", "allreduce bucket " + std::to_string(b) + " (blocking)"));
+    }
+  }
 
   /// Starts counting a backward: every bucket waits for all the uses of its parameters. With
   /// `reduce` the buckets start their reductions as they complete (then call finish()); without,
@@ -119,8 +134,10 @@ class GradientBuckets {
     if (any_started_) stats_.overlap_seconds += std::chrono::duration<double>(now - first_start_).count();
     // Buckets not started yet have nothing left to overlap with: reduce them with the blocking
     // collective (faster than the non-blocking one in Open MPI), then complete the others.
-    for (auto& b : buckets_)
-      if (!b.started) {
+    for (std::size_t i = 0; i < buckets_.size(); ++i)
+      if (auto& b = buckets_[i]; !b.started) {
+        const auto scope = profiler_ ? profiler_->scope(blocking_labels_[i], profile::Category::reduction)
+                                     : profile::Profiler::Scope{};
         const auto slice = grads.subspan(b.begin, b.end - b.begin);
         if constexpr (CompressesGradients<C>)
           comm.allreduce_gradients(slice, "gradient bucket");
@@ -128,8 +145,14 @@ class GradientBuckets {
           comm.allreduce_sum(slice, "gradient bucket");
         ++stats_.collectives;
       }
-    for (auto& b : buckets_) {
-      if (b.started) comm.wait(b.request);
+    for (std::size_t i = 0; i < buckets_.size(); ++i) {
+      auto& b = buckets_[i];
+      if (b.started) {
+        comm.wait(b.request);
+        if (profiler_)
+          profiler_->span(labels_[i], profile::Category::communication, 1, b.start_time,
+                          std::chrono::steady_clock::now());
+      }
       b.started = false;
     }
     stats_.waiting_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - now).count();
@@ -169,6 +192,7 @@ class GradientBuckets {
 
   void start(C& comm, std::span<float> grads, Bucket& b) {
     if (!any_started_) first_start_ = std::chrono::steady_clock::now();
+    if (profiler_) b.start_time = std::chrono::steady_clock::now();
     any_started_ = true;
     b.request = comm.iallreduce_sum(grads.subspan(b.begin, b.end - b.begin), "gradient bucket");
     b.started = true;
@@ -183,6 +207,8 @@ class GradientBuckets {
   CommStats stats_;
   bool any_started_ = false;
   std::chrono::steady_clock::time_point first_start_{};
+  profile::Profiler* profiler_ = nullptr;
+  std::vector<std::uint32_t> labels_, blocking_labels_;
 };
 
 }  // namespace xtrain::parallel

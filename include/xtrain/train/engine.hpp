@@ -34,6 +34,7 @@
 #include "xtrain/parallel/model_check.hpp"
 #include "xtrain/precision/cast.hpp"
 #include "xtrain/precision/policy.hpp"
+#include "xtrain/profile/profiler.hpp"
 #include "xtrain/train/agreement.hpp"
 #include "xtrain/train/deterministic.hpp"
 #include "xtrain/train/metrics.hpp"
@@ -124,9 +125,16 @@ class Engine {
     float loss = 0.0f;
     if (options_.deterministic_chunk) {
       loss = deterministic_micro_step(x, y, micro_samples_ + global_offset, normalizer);
-      if (sync) deterministic_.reduce(comm_, arena_.grads());
+      if (sync) {
+        const auto scope = record(deterministic_label_, profile::Category::reduction);
+        deterministic_.reduce(comm_, arena_.grads());
+      }
     } else {
-      loss = loss_.forward(forward(x, global_offset), y, normalizer);
+      const Tensor<float>& out = forward(x, global_offset);
+      {
+        const auto scope = record(loss_label_, profile::Category::forward);
+        loss = loss_.forward(out, y, normalizer);
+      }
       record_metrics(y);
       backward(loss_.backward(), sync);
     }
@@ -178,10 +186,12 @@ class Engine {
     ctx_.input_grad = false;                                  // nothing needs the gradient of the data
     const bool reduce = sync && comm_.size() > 1 && !shard_;  // sharded: reduce-scattered in step()
     run_backward(ctx_, dlogits, reduce);
-    if (reduce)
+    if (reduce) {
+      const auto scope = record(reduction_label_, profile::Category::reduction);
       buckets_.finish(comm_, arena_.grads());
-    else
+    } else {
       buckets_.check_complete();
+    }
   }
 
   /// Ends a micro-step of `global_count` samples: when `sync`, clips (per the options) and steps
@@ -196,6 +206,7 @@ class Engine {
     ++step_;
     micro_ = 0;
     micro_samples_ = 0;
+    const auto scope = record(optimizer_label_, profile::Category::optimizer);
     const bool stepped = shard_ ? sharded_step(lr) : full_step(lr);
     if (check_every_ && step_ % check_every_ == 0) check_parameters_agree();
     return stepped;
@@ -372,8 +383,30 @@ class Engine {
     ctx.seed = options_.seed;
     ctx.step = step_;
     ctx.collectives = comm_.size() > 1 ? &collectives_ : nullptr;
+    ctx.profiler = profiler_;
     return ctx;
   }
+
+  /// Records the steps in `p` from now on (null: stop): every module's forward and backward
+  /// (named as in state_dict), the loss, the optimizer step, the gradient reductions. Collective:
+  /// the ranks start the profiler's clock together (after a barrier), so that their traces share
+  /// one timeline. `p` must outlive its use; one profiler per engine. (The Trainer calls it and
+  /// ends a profiler step after each optimizer step; in your own loop call `p->step()`.)
+  void set_profiler(profile::Profiler* p) {
+    comm_.barrier("profiler start");
+    profiler_ = p;
+    buckets_.set_profiler(p);
+    if (!p) return;
+    p->set_origin();
+    p->attach(model_);
+    loss_label_ = p->label("", profile::kind_of(loss_));
+    optimizer_label_ = p->label("", Optimizer::name);
+    reduction_label_ = p->label("", "gradient allreduce wait");
+    deterministic_label_ = p->label("", "gradient tree reduction");
+    scatter_label_ = p->label("", "gradient reduce-scatter");
+    gather_label_ = p->label("", "parameter all-gather");
+  }
+  profile::Profiler* profiler() const noexcept { return profiler_; }
 
   Model& model() noexcept { return model_; }
   const Optimizer& optimizer() const noexcept { return optimizer_; }
@@ -398,6 +431,11 @@ class Engine {
  private:
   std::size_t offset() const noexcept { return shard_ ? comm_.rank() * block_ : 0; }
 
+  // An event of the attached profiler (nothing without one).
+  profile::Profiler::Scope record(std::uint32_t label, profile::Category category) {
+    return profiler_ ? profiler_->scope(label, category) : profile::Profiler::Scope{};
+  }
+
   // Module ids, then the arena.
   static ParamArena adopt(Model& model, std::size_t multiple) {
     assign_module_ids(model);
@@ -409,7 +447,10 @@ class Engine {
   // parameters. Each rank does 1/N of the optimizer's work and holds 1/N of its state.
   bool sharded_step(float lr) {
     auto start = std::chrono::steady_clock::now();
-    comm_.reduce_scatter_sum(arena_.grads(), "gradient reduce-scatter");
+    {
+      const auto scope = record(scatter_label_, profile::Category::reduction);
+      comm_.reduce_scatter_sum(arena_.grads(), "gradient reduce-scatter");
+    }
     double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     auto grads = arena_.grads().subspan(offset(), block_);
     if constexpr (PrecisionPolicy::uses_loss_scaling) {  // each rank checks its block; all must agree
@@ -425,7 +466,10 @@ class Engine {
     if (options_.clip_value > 0) optim::clip_grad_value(grads, options_.clip_value);
     optimizer_step(offset(), offset() + block_, lr);
     start = std::chrono::steady_clock::now();
-    comm_.allgather_blocks(arena_.values(), "parameter all-gather");
+    {
+      const auto scope = record(gather_label_, profile::Category::reduction);
+      comm_.allgather_blocks(arena_.values(), "parameter all-gather");
+    }
     waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     buckets_.count_blocking(waited, 2);
     return true;
@@ -489,8 +533,11 @@ class Engine {
         Context ctx = context(true);
         ctx.sample_offset = offset + begin;
         const target_type& cy = rows_of(y, begin, end, chunk_y_);
-        loss += loss_.forward(run_forward(ctx, rows_of(x, begin, end, chunk_input<typename Input::value_type>())), cy,
-                              normalizer);
+        const Tensor<float>& out = run_forward(ctx, rows_of(x, begin, end, chunk_input<typename Input::value_type>()));
+        {
+          const auto scope = record(loss_label_, profile::Category::forward);
+          loss += loss_.forward(out, cy, normalizer);
+        }
         loss_sum_ += loss_.sum();
         if constexpr (loss::HasAccuracy<Loss>) correct_ += loss_.correct();
         terms_ += loss_.count(cy);
@@ -560,6 +607,9 @@ class Engine {
   PrecisionCast<PrecisionPolicy> cast_;
   bool unscaled_ = false, found_inf_ = false;
   std::uint64_t check_every_ = 0;  // parameter checksum period (XTRAIN_DEBUG_COLLECTIVES)
+  profile::Profiler* profiler_ = nullptr;
+  std::uint32_t loss_label_ = 0, optimizer_label_ = 0, reduction_label_ = 0, deterministic_label_ = 0,
+                scatter_label_ = 0, gather_label_ = 0;
 };
 
 }  // namespace xtrain

@@ -27,6 +27,7 @@
 #include "xtrain/parallel/communicator.hpp"
 #include "xtrain/parallel/single_process.hpp"
 #include "xtrain/precision/policy.hpp"
+#include "xtrain/profile/profiler.hpp"
 #include "xtrain/train/agreement.hpp"
 #include "xtrain/train/callbacks.hpp"
 #include "xtrain/train/engine.hpp"
@@ -100,7 +101,11 @@ class Trainer {
       XTRAIN_CHECK(batch_in_epoch_ <= batches, ValueError, "resumed at batch ", batch_in_epoch_, " of an epoch of ",
                    batches, " (another data set than the checkpoint's?)");
       for (std::size_t k = batch_in_epoch_; k < batches; ++k) {  // a resumed epoch skips in O(1)
-        const auto batch = loader.batch(k);
+        auto step_scope = record(step_label_, profile::Category::step);
+        const auto batch = [&] {
+          const auto scope = record(data_label_, profile::Category::data);
+          return loader.batch(k);
+        }();
         const std::uint64_t before = engine_.step();
         [[maybe_unused]] StepResult r =
             engine_.micro_step(batch.x, batch.y, batch.global_offset, batch.global_count, k + 1 == batches);
@@ -111,7 +116,11 @@ class Trainer {
         batch_in_epoch_ = k + 1;
         if (engine_.step() != before) {
           (callbacks::on_step_end(callbacks, *this, r), ...);
-          if (const int sig = signals.poll(communicator())) {
+          const int sig = [&] {
+            const auto scope = record(signals_label_, profile::Category::reduction);
+            return signals.poll(communicator());
+          }();
+          if (sig) {
             bar.clear();
             stop_on_signal(sig);
           }
@@ -119,6 +128,10 @@ class Trainer {
         if (bar.active()) {
           const double s = seconds_since(start);
           bar.update(label, k + 1, batches, static_cast<double>((k + 1) * global_batch_size()) / s, s);
+        }
+        if (engine_.step() != before && profiler_) {
+          { [[maybe_unused]] const auto ended = std::move(step_scope); }
+          profiler_->step();
         }
       }
       EpochMetrics m;
@@ -151,13 +164,17 @@ class Trainer {
   EvalResult evaluate(const D& data) {
     static_assert(std::is_same_v<typename D::target_type, target_type>,
                   "xtrain: the data set's target_type is not the loss's target_type");
+    const auto scope = record(evaluation_label_, profile::Category::evaluation);
     engine_.broadcast_buffers();
     data::Loader<D> loader(data, options_.eval_batch_size() * world_, 0, false, false, rank(), world_);
     Context ctx = engine_.context(false);
     auto& loss = engine_.loss();
     double sums[4] = {0.0, 0.0, 0.0, 0.0};
     for (std::size_t k = 0; k < loader.batches(); ++k) {
-      const auto batch = loader.batch(k);
+      const auto batch = [&] {
+        const auto data_scope = record(data_label_, profile::Category::data);
+        return loader.batch(k);
+      }();
       if (batch.size() == 0) continue;
       loss.forward(engine_.predict(ctx, batch.x), batch.y, 1.0);
       sums[0] += loss.sum();
@@ -216,6 +233,7 @@ class Trainer {
   std::string save_checkpoint() {
     XTRAIN_CHECK(!options_.project_dir().empty(), ValueError,
                  "save_checkpoint: set TrainerOptions::project_dir (or call save_state(dir))");
+    const auto scope = record(checkpoint_label_, profile::Category::checkpoint);
     const std::filesystem::path root = std::filesystem::path(options_.project_dir()) / "checkpoints";
     std::vector<std::size_t> existing = checkpoint_numbers(root);
     const std::size_t n = existing.empty() ? 0 : existing.back() + 1;
@@ -319,6 +337,23 @@ class Trainer {
     engine_.broadcast_buffers();
   }
 
+  /// Records training in `p` from now on (null: stop recording): each step, the data loading,
+  /// every module's forward and backward, the loss, the optimizer, the gradient reductions,
+  /// evaluation and checkpoint saves; fit() ends a profiler step after each optimizer step (the
+  /// schedule counts them). Collective: the ranks start the profiler's clock together, so their
+  /// traces share one timeline. `p` must outlive its use; one profiler per Trainer.
+  void set_profiler(profile::Profiler* p) {
+    profiler_ = p;
+    engine_.set_profiler(p);
+    if (!p) return;
+    step_label_ = p->label("", "step");
+    data_label_ = p->label("", "data");
+    evaluation_label_ = p->label("", "evaluation");
+    checkpoint_label_ = p->label("", "checkpoint save");
+    signals_label_ = p->label("", "stop-signal poll");
+  }
+  profile::Profiler* profiler() const noexcept { return profiler_; }
+
   /// Ends fit() after the current epoch (for callbacks).
   void request_stop() noexcept { stop_requested_ = true; }
 
@@ -354,6 +389,11 @@ class Trainer {
  private:
   using clock = std::chrono::steady_clock;
   static double seconds_since(clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); }
+
+  // An event of the attached profiler (nothing without one).
+  profile::Profiler::Scope record(std::uint32_t label, profile::Category category) {
+    return profiler_ ? profiler_->scope(label, category) : profile::Profiler::Scope{};
+  }
 
   static std::size_t global_batch(const TrainerOptions& o, std::size_t world) {
     return o.global_batch_size() ? o.global_batch_size() : o.batch_size() * world;
@@ -486,6 +526,8 @@ class Trainer {
   Tensor<std::int32_t> labels_;          // train_step's labels given as a span
   std::vector<checkpoint::Registered> registered_;
   bool stop_requested_ = false;
+  profile::Profiler* profiler_ = nullptr;
+  std::uint32_t step_label_ = 0, data_label_ = 0, evaluation_label_ = 0, checkpoint_label_ = 0, signals_label_ = 0;
 };
 
 }  // namespace xtrain

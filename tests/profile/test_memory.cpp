@@ -1,0 +1,83 @@
+// The memory estimator (include/xtrain/profile/memory.hpp): its parts for fp32 + Adam (16 bytes
+// per parameter, as the anatomy guide's table), and its total against the peak measured while the
+// Trainer trains and evaluates (within 10 %), for the homework's MLP and the wide model, in fp32
+// and bf16.
+#include <cstdint>
+#include <string>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "xtrain/profile/memory.hpp"
+#include "xtrain/xtrain.hpp"
+
+using namespace xtrain;
+namespace nn = xtrain::layers;
+
+namespace {
+data::TensorDataset zeros(std::size_t n) {
+  return data::TensorDataset(Tensor<float>({n, 784}), Tensor<std::int32_t>({n}), 10, "zeros");
+}
+
+// The peak the Trainer needs to build the model, train 20 steps and evaluate once, measured on a
+// thread of its own (as the estimate's dry run), and the estimate.
+template <class Precision, class MakeModel>
+std::pair<double, double> measured_and_estimated(MakeModel make_model, std::size_t batch, std::size_t eval_batch) {
+  const MemoryOptions options{.sample_shape = Shape{784}, .eval_batch = eval_batch};
+  const MemoryEstimate e = estimate_memory<Precision>(make_model(), optim::Adam{}, batch, options);
+  const auto train = zeros(20 * batch), test = zeros(2 * eval_batch);
+  std::int64_t peak = 0;
+  std::thread t([&] {
+    memory::PeakMeter meter;
+    meter.start();
+    Trainer<decltype(make_model()), optim::Adam, Precision> trainer(
+        make_model(), optim::Adam{},
+        TrainerOptions{}.batch_size(batch).eval_batch_size(eval_batch).epochs(1).verbose(false));
+    trainer.fit(train, test);
+    peak = meter.bytes();
+  });
+  t.join();
+  return {static_cast<double>(peak), static_cast<double>(e.total())};
+}
+
+auto mlp() { return nn::Sequential{nn::Linear{784, 32}, nn::BatchNorm1d{32}, nn::ReLU{}, nn::Linear{32, 10}}; }
+auto wide() { return nn::Sequential{nn::Linear{784, 1024}, nn::ReLU{}, nn::Linear{1024, 10}}; }
+}  // namespace
+
+TEST_CASE("estimate_memory: parameters, gradients and Adam state are 16 bytes per parameter", "[memory]") {
+  const MemoryOptions options{.sample_shape = Shape{784}};
+  const MemoryEstimate e = estimate_memory<FullPrecision>(wide(), optim::Adam{}, 64, options);
+  REQUIRE(e.parameters == 784 * 1024 + 1024 + 1024 * 10 + 10);
+  REQUIRE(e.bytes_per_parameter() == Approx(16.0).epsilon(0.001));  // 4 + 4 + 8 (alignment padding apart)
+  REQUIRE(e.optimizer_bytes == Approx(2.0 * static_cast<double>(e.parameter_bytes)).epsilon(0.01));
+  // Activations: what the modules keep at batch 64: Linear 0's output, ReLU's output and dx,
+  // Linear 2's output and dx (the first layer makes no dx): 64 x (1024 + 2 x 1024 + 10 + 1024) floats.
+  REQUIRE(e.activation_bytes == Approx(64.0 * (1024 + 2 * 1024 + 10 + 1024) * 4).epsilon(0.01));
+  REQUIRE(e.data_bytes == static_cast<std::int64_t>(64 * 784 * 4 + 64 * 4));
+  // bf16 halves the activations, keeps the same 16 bytes per parameter (no 16-bit weight copies).
+  const MemoryEstimate b = estimate_memory<MixedPrecision<bf16>>(wide(), optim::Adam{}, 64, options);
+  REQUIRE(b.bytes_per_parameter() == Approx(16.0).epsilon(0.001));
+  REQUIRE(b.activation_bytes < e.activation_bytes * 3 / 4);
+  // SGD without momentum keeps no state; ZeRO-1 on 4 ranks keeps a quarter of Adam's.
+  REQUIRE(estimate_memory<FullPrecision>(wide(), optim::SGD{}, 64, options).optimizer_bytes < 4096);
+  const MemoryEstimate sharded = estimate_memory<FullPrecision>(
+      wide(), optim::Adam{}, 64, MemoryOptions{.sample_shape = Shape{784}, .ranks = 4, .shard_optimizer = true});
+  REQUIRE(sharded.optimizer_bytes == Approx(static_cast<double>(e.optimizer_bytes) / 4).epsilon(0.01));
+  REQUIRE(memory_table({e, b}, 64, options).find("bytes per parameter") != std::string::npos);
+}
+
+TEST_CASE("estimate_memory is within 10% of the peak measured while training and evaluating", "[memory]") {
+  if (memory::heap_in_use() < 0) {
+    WARN("SKIP: the C library cannot report the heap (not glibc 2.33+): nothing to compare with");
+    return;
+  }
+  auto check = [](std::pair<double, double> r, const char* what) {
+    INFO(what << ": measured " << r.first / (1 << 20) << " MiB, estimated " << r.second / (1 << 20) << " MiB");
+    REQUIRE(r.second == Approx(r.first).epsilon(0.10));
+  };
+  check(measured_and_estimated<FullPrecision>(mlp, 32, 1024), "MLP fp32 batch 32");
+  check(measured_and_estimated<MixedPrecision<bf16>>(mlp, 32, 1024), "MLP bf16 batch 32");
+  check(measured_and_estimated<FullPrecision>(wide, 256, 1024), "wide fp32 batch 256");
+  check(measured_and_estimated<MixedPrecision<bf16>>(wide, 256, 1024), "wide bf16 batch 256");
+  check(measured_and_estimated<FullPrecision>(wide, 512, 512), "wide fp32 batch 512 (extrapolated)");
+}
