@@ -256,7 +256,7 @@ class Profiler {
   const std::vector<Event>& events() const noexcept { return events_; }
   const std::vector<Label>& labels() const noexcept { return labels_; }
   const std::vector<std::string>& shapes() const noexcept { return shapes_; }
-  /// Drops the events recorded so far (labels stay).
+  /// Drops the events recorded so far (labels stay). Call it between steps, with no scope open.
   void clear() noexcept {
     events_.clear();
     open_.clear();
@@ -320,6 +320,7 @@ class Profiler {
   }
 
   void end(std::uint32_t index) noexcept {
+    if (index >= events_.size()) return;  // dropped by a clear() while open (a misuse): nothing to end
     const std::int64_t now = now_ns();
     Event& e = events_[index];
     e.dur_ns = now - e.start_ns;
