@@ -20,6 +20,8 @@
 #include <xtrain/parallel/mpi.hpp>
 #include <xtrain/xtrain.hpp>
 
+#include "common.hpp"
+
 namespace {
 
 struct Flags {
@@ -81,18 +83,9 @@ constexpr const char* usage =
     "                    activations per module, batch, workspaces) in fp32, bf16 and fp16, and exit\n"
     "  --verify          with --estimate-memory: then train (one process) measuring the peak, and compare\n";
 
-[[noreturn]] void fail_usage(const std::string& message) {
-  std::fprintf(stderr, "error: %s\n%s", message.c_str(), usage);
-  std::exit(2);
-}
+[[noreturn]] void fail_usage(const std::string& message) { example::fail_usage(message, usage); }
 
-std::size_t parse_count(std::string_view flag, const char* text) {
-  char* end = nullptr;
-  const long long v = std::strtoll(text, &end, 10);
-  if (*text == '\0' || *end != '\0' || v <= 0)
-    fail_usage(std::string(flag) + " expects a positive integer, got '" + text + "'");
-  return static_cast<std::size_t>(v);
-}
+std::size_t parse_count(std::string_view flag, const char* text) { return example::parse_count(flag, text, usage); }
 
 Flags parse(int argc, char** argv) {
   Flags f;
@@ -148,19 +141,12 @@ Flags parse(int argc, char** argv) {
       f.profile_steps = value == std::string_view("0") ? 0 : parse_count(arg, value);
     else if (arg == "--compress-grads")
       f.compress = value;
-    else if (arg == "--clip-norm") {
-      char* end = nullptr;
-      f.clip_norm = std::strtod(value, &end);
-      if (*end != '\0' || !(f.clip_norm > 0.0))
-        fail_usage(std::string("--clip-norm expects a positive number, got '") + value + "'");
-    } else if (arg == "--lr") {
-      char* end = nullptr;
-      f.lr = std::strtof(value, &end);
-      if (*end != '\0' || !(f.lr > 0.0f))
-        fail_usage(std::string("--lr expects a positive number, got '") + value + "'");
-    } else {
+    else if (arg == "--clip-norm")
+      f.clip_norm = example::parse_positive(arg, value, usage);
+    else if (arg == "--lr")
+      f.lr = static_cast<float>(example::parse_positive(arg, value, usage));
+    else
       fail_usage(std::string("unknown option '") + argv[i - 1] + "'");
-    }
   }
   if (f.precision != "fp32" && f.precision != "bf16" && f.precision != "fp16")
     fail_usage("--precision expects fp32, bf16 or fp16, got '" + f.precision + "'");
@@ -173,23 +159,6 @@ Flags parse(int argc, char** argv) {
   return f;
 }
 
-/// What the build's kernels are, and a note when the chosen precision is not accelerated.
-void report_kernels(const std::string& precision) {
-  namespace k = xtrain::kernels;
-  std::printf("kernels: fp32 GEMM: %s | bf16 GEMM: %s | fp16 GEMM: %s | conversions: bf16 %s, fp16 %s\n",
-              k::gemm_kernel_name<float>().c_str(), k::gemm_kernel_name<xtrain::bf16>().c_str(),
-              k::gemm_kernel_name<xtrain::fp16>().c_str(), k::bf16_convert_isa(), k::fp16_convert_isa());
-  if (precision == "bf16" && !k::native_lowp_gemm<xtrain::bf16>)
-    std::printf(
-        "note: bf16 is emulated in this build (no AVX512_BF16; build with -march=native on a CPU that has it): "
-        "operands are widened to fp32, so it runs no faster than fp32\n");
-  if (precision == "fp16")
-    std::printf(
-        "note: fp16 halves activation memory but computes in fp32 after %s conversion (x86 CPUs have no fp16 "
-        "FMA path used here): expect fp32 speed or a little less\n",
-        std::string(k::fp16_convert_isa()) == "scalar" ? "scalar" : "hardware");
-}
-
 template <class Precision>
 int run_training(const Flags& flags) {
   namespace nn = xtrain::layers;
@@ -200,7 +169,9 @@ int run_training(const Flags& flags) {
                                                      : xtrain::parallel::Compression::none);
   const bool main_process = comm.rank() == 0;
   const std::size_t ranks = comm.size();
-  const auto [train, test] = xtrain::data::load_folder(flags.data);
+  auto [train, test] = xtrain::data::load_folder(flags.data);
+  train.with_sample_shape(xtrain::Shape{train.feature_count()});  // rows, whatever the files' sample shape
+  test.with_sample_shape(xtrain::Shape{test.feature_count()});
   const std::size_t features = train.feature_count(), classes = train.num_classes();
   auto make_model = [&] {
     xtrain::set_seed(flags.seed);
@@ -271,7 +242,7 @@ int run_training(const Flags& flags) {
         flags.deterministic
             ? (" | deterministic reduction per " + std::to_string(flags.deterministic) + " samples").c_str()
             : "");
-    report_kernels(flags.precision);
+    example::report_kernels(flags.precision);
   }
   if (!flags.resume.empty()) {
     const std::string from = trainer.resume(flags.resume);

@@ -55,8 +55,28 @@ TEST_CASE("Homework .npy folder: any feature and class count and bad contents ar
   }
   SECTION("test features of another width") {
     write_bytes(dir / "test_x.npy", npy("<f4", "(4, 2)", raw(std::vector<float>(8, 0.0f))));
-    REQUIRE_THROWS_WITH(data::load_folder(dir.string()), Catch::Contains("test_x.npy has 2 features"));
+    REQUIRE_THROWS_WITH(data::load_folder(dir.string()),
+                        Catch::Contains("test_x.npy has samples of shape [2] but train_x.npy has [3]"));
   }
+}
+
+TEST_CASE("A .npy folder of images keeps their shape; with_sample_shape views them as rows", "[data][npy]") {
+  const fs::path dir = temp_dir("npy_images");
+  std::vector<float> x(4 * 2 * 3);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i);
+  for (const char* name : {"train_x.npy", "test_x.npy"}) write_bytes(dir / name, npy("<f4", "(4, 1, 2, 3)", raw(x)));
+  for (const char* name : {"train_y.npy", "test_y.npy"})
+    write_bytes(dir / name, npy("<i8", "(4,)", raw(std::vector<std::int64_t>{0, 1, 1, 0})));
+  auto [train, test] = data::load_folder(dir.string());
+  REQUIRE(train.sample_shape() == Shape{1, 2, 3});
+  REQUIRE(train.feature_count() == 6);
+  REQUIRE(train.features()(2, 0, 1, 2) == 17.0f);
+  train.with_sample_shape(Shape{6});
+  REQUIRE(train.features().shape() == Shape{4, 6});
+  REQUIRE(train.features()(2, 5) == 17.0f);
+  test.truncate(3);
+  REQUIRE(test.size() == 3);
+  REQUIRE(test.labels().size() == 3);
 }
 
 TEST_CASE("The real Fashion-MNIST from Debian's dataset-fashion-mnist", "[data][fashion]") {

@@ -13,6 +13,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "layers/helpers.hpp"
 #include "parity.hpp"
 #include "xtrain/testing/gradcheck.hpp"
 #include "xtrain/xtrain.hpp"
@@ -22,17 +23,8 @@ using namespace xtrain::test;
 namespace nn = xtrain::layers;
 
 namespace {
-/// A fixture tensor with its .npy shape (any rank).
-Matrix module_fixture(const std::string& name) {
-  const std::string path = std::string(XTRAIN_TEST_FIXTURES) + "/modules/" + name + ".npy";
-  const data::NpyArray a = data::read_npy(path);
-  REQUIRE(a.type == data::NpyType::float32);
-  const Matrix flat = data::load_npy_features(path);
-  Matrix t{Shape(a.shape)};
-  REQUIRE(t.size() == flat.size());
-  std::copy(flat.begin(), flat.end(), t.begin());
-  return t;
-}
+/// A fixture tensor of tests/fixtures/modules with its .npy shape.
+Matrix module_fixture(const std::string& name) { return fixture_tensor("modules", name); }
 
 /// PyTorch: Sequential(Linear(6, 8), Residual(Sequential(Linear(8, 8), Tanh(), Linear(8, 8))), ReLU(),
 /// Sequential(Linear(8, 4))), Residual transparent in names ("1.0.weight", "3.0.bias").

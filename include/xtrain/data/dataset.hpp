@@ -86,6 +86,16 @@ class BasicTensorDataset {
     return *this;
   }
 
+  /// Keeps the first n samples (all when n >= size()): a quick run on part of a data set.
+  BasicTensorDataset& truncate(std::size_t n) {
+    if (n >= size()) return *this;
+    Shape xs = x_.shape(), ys = y_.shape();
+    xs[0] = ys[0] = n;
+    x_.resize(xs);
+    y_.resize(ys);
+    return *this;
+  }
+
   /// x[i] = inputs[indices[i]], y[i] = targets[indices[i]]. Reuses x's and y's storage.
   void gather(std::span<const std::uint32_t> indices, input_type& x, target_type& y) const {
     gather_rows(x_, indices, x);
@@ -181,15 +191,17 @@ inline Split fashion_mnist(const std::string& dir) {
   return {detail::idx_split(train_images, train_labels), detail::idx_split(test_images, test_labels)};
 }
 
-/// The homework layout: `train_x.npy`, `train_y.npy`, `test_x.npy`, `test_y.npy`; features of any
-/// dtype and trailing shape (flattened, cast to fp32, not rescaled); classes = 1 + largest label.
+/// The homework layout: `train_x.npy`, `train_y.npy`, `test_x.npy`, `test_y.npy`; samples of any
+/// dtype and shape (kept: `[N, 784]` rows, `[N, 1, 28, 28]` images; cast to fp32, not rescaled;
+/// `with_sample_shape` views them otherwise); classes = 1 + largest label.
 inline Split npy_folder(const std::string& dir) {
-  auto train_x = load_npy_features(dir + "/train_x.npy");
+  auto train_x = load_npy_tensor(dir + "/train_x.npy");
   auto train_y = load_npy_labels(dir + "/train_y.npy");
-  auto test_x = load_npy_features(dir + "/test_x.npy");
+  auto test_x = load_npy_tensor(dir + "/test_x.npy");
   auto test_y = load_npy_labels(dir + "/test_y.npy");
-  XTRAIN_CHECK(train_x.shape(1) == test_x.shape(1), DataError, dir, "/test_x.npy has ", test_x.shape(1),
-               " features per sample but train_x.npy has ", train_x.shape(1));
+  auto sample = [](const Matrix& x) { return Shape(std::vector<std::size_t>(x.shape().begin() + 1, x.shape().end())); };
+  XTRAIN_CHECK(sample(train_x) == sample(test_x), DataError, dir, "/test_x.npy has samples of shape ",
+               sample(test_x).str(), " but train_x.npy has ", sample(train_x).str());
   std::int32_t top = 0;
   for (auto v : train_y) top = std::max(top, v);
   for (auto v : test_y) top = std::max(top, v);

@@ -57,6 +57,29 @@ void load_rounded(const S* src, std::size_t n, float* out) noexcept {
   }
 }
 
+#if defined(__AVX__)
+/// dst[j * ld_dst + i] = src[i * ld_src + j] for an 8 x 8 block (unpack, shuffle, permute: the
+/// classic in-register transpose), so that packing a transposed operand moves 8 floats per store.
+inline void transpose8x8(const float* src, std::size_t ld_src, float* dst, std::size_t ld_dst) noexcept {
+  __m256 r[8], t[8];
+  for (std::size_t i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld_src);
+  for (std::size_t i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (std::size_t i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (std::size_t i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + i * ld_dst, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * ld_dst, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+#endif
+
 /// Packs `count` lines (columns of op(B), or rows of op(A)) starting at line c0, over depth
 /// [k0, k0 + kc), into panels of W lines: panel p holds kc groups of W floats, zero-padded past
 /// the last line. Element (k, c) is X[k * ld + c] when `contiguous` (a depth step is a row of X),
@@ -78,7 +101,21 @@ void pack_panels(bool contiguous, const S* X, std::size_t ld, std::size_t c0, st
     }
     if (width < W)
       for (std::size_t k = 0; k < kc; ++k) std::fill(panel + k * W + width, panel + (k + 1) * W, 0.0f);
-    for (std::size_t c = 0; c < width; ++c) {
+    std::size_t c_done = 0;
+#if defined(__AVX__)
+    if constexpr (std::is_same_v<S, float> && std::is_same_v<T, float> && W % 8 == 0) {
+      // Whole 8 x 8 blocks through registers; the ragged edges below, one float at a time.
+      const std::size_t c8 = width / 8 * 8, k8 = kc / 8 * 8;
+      for (std::size_t c = 0; c < c8; c += 8) {
+        const float* lines = X + (c0 + cp + c) * ld + k0;
+        for (std::size_t k = 0; k < k8; k += 8) transpose8x8(lines + k, ld, panel + k * W + c, W);
+        for (std::size_t k = k8; k < kc; ++k)
+          for (std::size_t i = 0; i < 8; ++i) panel[k * W + c + i] = lines[i * ld + k];
+      }
+      c_done = c8;
+    }
+#endif
+    for (std::size_t c = c_done; c < width; ++c) {
       const S* line = X + (c0 + cp + c) * ld + k0;
       const float* src;
       if constexpr (std::is_same_v<S, float> && std::is_same_v<T, float>) {
@@ -111,10 +148,11 @@ void pack_a(Trans ta, const S* A, std::size_t lda, std::size_t i0, std::size_t m
 /// A is a packed panel (PackedA: element (r, k) at a[k * mr + r]) or, when op(A) = A, the rows of A
 /// itself (element (r, k) at a[r * lda + k]; rows past `rows` re-read the last row, never stored):
 /// skipping A's packing saves a copy of A per call, which dominates small GEMMs.
-template <class Arch, bool PackedA>
+/// With PackedB false, bp is B itself (row k at bp + k * ldb, NR columns of it read in place).
+template <class Arch, bool PackedA, bool PackedB = true>
 inline void micro_kernel(std::size_t kc, const float* __restrict a, std::size_t lda, const float* __restrict bp,
                          float alpha, float beta, float* __restrict c, std::size_t ldc, std::size_t rows,
-                         std::size_t cols) {
+                         std::size_t cols, std::size_t ldb = 0) {
   using shape = GemmShape<Arch>;
   using B = simd::batch<float, Arch>;
   constexpr std::size_t mr = shape::mr, nr = shape::nr, w = shape::lanes;
@@ -125,8 +163,14 @@ inline void micro_kernel(std::size_t kc, const float* __restrict a, std::size_t 
 #pragma GCC unroll 16
   for (std::size_t r = 0; r < mr; ++r) acc0[r] = acc1[r] = B(0.0f);
   for (std::size_t k = 0; k < kc; ++k) {
-    const B b0 = B::load_aligned(bp + k * nr);
-    const B b1 = B::load_aligned(bp + k * nr + w);
+    B b0, b1;
+    if constexpr (PackedB) {
+      b0 = B::load_aligned(bp + k * nr);
+      b1 = B::load_aligned(bp + k * nr + w);
+    } else {
+      b0 = B::load_unaligned(bp + k * ldb);
+      b1 = B::load_unaligned(bp + k * ldb + w);
+    }
 #pragma GCC unroll 16
     for (std::size_t r = 0; r < mr; ++r) {
       const B av(arow[r][k * k_stride]);
@@ -213,6 +257,17 @@ void gemm(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float
   if (K == 0 || alpha == 0.0f) {
     for (std::size_t i = 0; i < M; ++i)
       for (std::size_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    return;
+  }
+  using shape = detail::GemmShape<Arch>;
+  if (ta == Trans::no && tb == Trans::no && M <= shape::mr && N >= shape::nr) {
+    // One tile of rows (a convolution with few output channels): each packed element of B would
+    // serve one register tile, so packing B costs as much as the product. Both operands are read
+    // in place; the columns past the last whole tile go through the packed path.
+    const std::size_t n_full = N / shape::nr * shape::nr;
+    for (std::size_t j = 0; j < n_full; j += shape::nr)
+      detail::micro_kernel<Arch, false, false>(K, A, lda, B + j, alpha, beta, C + j, ldc, M, shape::nr, ldb);
+    if (n_full < N) gemm<Arch>(ta, tb, M, N - n_full, K, alpha, A, lda, B + n_full, ldb, beta, C + n_full, ldc);
     return;
   }
   detail::gemm_blocked<Arch>(

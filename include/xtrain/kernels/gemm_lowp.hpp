@@ -318,6 +318,18 @@ void gemm_lowp(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, 
   detail::gemm_widen<Arch, T>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+/// C = op(A) op(B) + beta C computed in the activation type T: kernels::gemm for fp32,
+/// gemm_lowp<T> (operands rounded to T, fp32 accumulation) for bf16/fp16. What a layer calls for
+/// its products whatever precision it runs in.
+template <class T, class TA, class TB>
+void gemm_as(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, const TA* A, std::size_t lda, const TB* B,
+             std::size_t ldb, float beta, float* C, std::size_t ldc) {
+  if constexpr (std::is_same_v<T, float>)
+    gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+  else
+    gemm_lowp<T>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
+
 }  // namespace xtrain::kernels
 
 #if defined(__GNUC__) && !defined(__clang__)

@@ -1,8 +1,10 @@
 #pragma once
 /// \file batch_norm.hpp
-/// BatchNorm1d over [batch, features] as PyTorch (Ioffe & Szegedy, arXiv:1502.03167): batch
-/// statistics in training (biased variance to normalise, unbiased for the running estimate),
-/// running statistics in evaluation, momentum 0.1, eps 1e-5, affine weight 1 and bias 0.
+/// BatchNorm1d over [batch, features] or [batch, features, length], and BatchNorm2d over NCHW
+/// images [batch, channels, height, width], as PyTorch (Ioffe & Szegedy, arXiv:1502.03167): one
+/// mean and variance per feature/channel over every other dimension, batch statistics in training
+/// (biased variance to normalise, unbiased for the running estimate), running statistics in
+/// evaluation, momentum 0.1, eps 1e-5, affine weight 1 and bias 0.
 
 #include <cmath>
 #include <cstddef>
@@ -18,13 +20,19 @@
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/convert.hpp"
+#include "xtrain/kernels/elementwise.hpp"
 
 namespace xtrain::layers {
 
-class BatchNorm1d {
+/// BatchNorm<1> is BatchNorm1d (inputs [N, C] or [N, C, L]), BatchNorm<2> is BatchNorm2d
+/// ([N, C, H, W]).
+template <std::size_t Dims>
+class BatchNorm {
+  static_assert(Dims == 1 || Dims == 2, "xtrain: BatchNorm<1> (BatchNorm1d) or BatchNorm<2> (BatchNorm2d)");
+
  public:
   /// Requires features > 0.
-  explicit BatchNorm1d(std::size_t features)
+  explicit BatchNorm(std::size_t features)
       : features_(features),
         weight_({features}),
         bias_({features}),
@@ -34,12 +42,12 @@ class BatchNorm1d {
         invstd_(features),
         mean_dy_(features),
         mean_dy_xhat_(features) {
-    XTRAIN_CHECK(features > 0, ValueError, "BatchNorm1d(", features, "): the feature count must be positive");
+    XTRAIN_CHECK(features > 0, ValueError, name(), "(", features, "): the feature count must be positive");
     for (float& w : weight_.values()) w = 1.0f;
   }
 
   /// Weight of the new batch statistics in the running estimate; Requires 0 <= m <= 1.
-  BatchNorm1d& momentum(float m) {
+  BatchNorm& momentum(float m) {
     XTRAIN_CHECK(m >= 0.0f && m <= 1.0f, ValueError, describe(), ": momentum ", m, " is outside [0, 1]");
     momentum_ = m;
     return *this;
@@ -47,14 +55,14 @@ class BatchNorm1d {
   /// Batch statistics over all ranks' rows instead of this rank's (PyTorch's SyncBatchNorm): the
   /// result is the same on any number of ranks, at the cost of two small allreduces per forward
   /// and one per backward. Without a communicator (one process) it changes nothing.
-  BatchNorm1d& sync_stats(bool on) {
+  BatchNorm& sync_stats(bool on) {
     sync_ = on;
     return *this;
   }
   bool sync_stats() const noexcept { return sync_; }
 
   /// Added to the variance; Requires eps > 0.
-  BatchNorm1d& eps(float e) {
+  BatchNorm& eps(float e) {
     XTRAIN_CHECK(e > 0.0f, ValueError, describe(), ": eps ", e, " must be positive");
     eps_ = e;
     return *this;
@@ -96,7 +104,7 @@ class BatchNorm1d {
   std::span<const float> running_var() const noexcept { return {running_var_.data(), features_}; }
   std::int64_t num_batches_tracked() const noexcept { return num_batches_tracked_; }
   std::size_t features() const noexcept { return features_; }
-  std::string describe() const { return (sync_ ? "SyncBatchNorm(" : "BatchNorm1d(") + std::to_string(features_) + ")"; }
+  std::string describe() const { return (sync_ ? "SyncBatchNorm" : name()) + ("(" + std::to_string(features_) + ")"); }
 
  private:
   // bf16/fp16: widens `in` into a per-thread workspace, runs f(in32, out32) with a second one as
@@ -114,13 +122,21 @@ class BatchNorm1d {
     return out;
   }
 
+  static std::string name() { return Dims == 1 ? "BatchNorm1d" : "BatchNorm2d"; }
+
+  // The elements per feature in one sample: 1 for [N, C], L for [N, C, L], H * W for images.
+  std::size_t spatial(const Matrix& x) const {
+    const bool ok = Dims == 1 ? (x.dimension() == 2 || x.dimension() == 3) : x.dimension() == 4;
+    XTRAIN_CHECK(ok && x.shape(1) == features_, ShapeError, describe(), ": input has shape ", x.shape().str(),
+                 ", expected [batch, ", features_, Dims == 1 ? "] or [batch, features, length]" : ", height, width]");
+    return x.size() / (x.shape(0) * features_);
+  }
+
   // Writes y (fp32); keeps x-hat and the statistics for backward.
   const Matrix& forward_f32(Context& ctx, const Matrix& x, Matrix& y) {
-    XTRAIN_CHECK(x.dimension() == 2 && x.shape(1) == features_, ShapeError, describe(), ": input has shape ",
-                 x.shape().str(), ", expected [batch, ", features_, "]");
-    const std::size_t n = x.shape(0), c = features_;
-    xhat_.resize({n, c});
-    y.resize({n, c});
+    const std::size_t n = x.shape(0), c = features_, sp = spatial(x);
+    xhat_.resize(x.shape());
+    y.resize(x.shape());
     training_ = ctx.training;
     if (ctx.training) {
       // Statistics over this rank's rows, or over all ranks' rows (SyncBatchNorm).
@@ -128,9 +144,14 @@ class BatchNorm1d {
       std::vector<double>& sum = scratch_;  // [sum x (c)] [count] [sum (x - mean)^2 (c)]
       sum.assign(2 * c + 1, 0.0);
       const float* px = x.data();
-      for (std::size_t r = 0; r < n; ++r)
-        for (std::size_t j = 0; j < c; ++j) sum[j] += px[r * c + j];
-      sum[c] = static_cast<double>(n);
+      if (sp == 1) {
+        for (std::size_t r = 0; r < n; ++r)
+          for (std::size_t j = 0; j < c; ++j) sum[j] += px[r * c + j];
+      } else {
+        for (std::size_t r = 0; r < n; ++r)
+          for (std::size_t j = 0; j < c; ++j) sum[j] += kernels::plane_sum(px + (r * c + j) * sp, sp);
+      }
+      sum[c] = static_cast<double>(n * sp);
       if (sync) sync->allreduce_sum(std::span<double>(sum.data(), c + 1), "SyncBatchNorm mean");
       const double total = sum[c];
       XTRAIN_CHECK(total > 1, ValueError, describe(),
@@ -138,11 +159,16 @@ class BatchNorm1d {
                    " (use a batch of 2 or more, or drop_last)");
       for (std::size_t j = 0; j < c; ++j) mean_[j] = static_cast<float>(sum[j] / total);
       double* ssd = sum.data() + c + 1;
-      for (std::size_t r = 0; r < n; ++r)
-        for (std::size_t j = 0; j < c; ++j) {
-          const double d = static_cast<double>(px[r * c + j]) - mean_[j];
-          ssd[j] += d * d;
-        }
+      if (sp == 1) {
+        for (std::size_t r = 0; r < n; ++r)
+          for (std::size_t j = 0; j < c; ++j) {
+            const double d = static_cast<double>(px[r * c + j]) - mean_[j];
+            ssd[j] += d * d;
+          }
+      } else {
+        for (std::size_t r = 0; r < n; ++r)
+          for (std::size_t j = 0; j < c; ++j) ssd[j] += kernels::plane_sq_dev(px + (r * c + j) * sp, sp, mean_[j]);
+      }
       if (sync) sync->allreduce_sum(std::span<double>(ssd, c), "SyncBatchNorm variance");
       for (std::size_t j = 0; j < c; ++j) {
         invstd_[j] = static_cast<float>(1.0 / std::sqrt(ssd[j] / total + eps_));
@@ -163,28 +189,50 @@ class BatchNorm1d {
     const float* b = bias_.data();
     float* xh = xhat_.data();
     float* py = y.data();
-    for (std::size_t r = 0; r < n; ++r)
-      for (std::size_t j = 0; j < c; ++j) {
-        const float v = (px[r * c + j] - mean_[j]) * invstd_[j];
-        xh[r * c + j] = v;
-        py[r * c + j] = g[j] * v + b[j];
-      }
+    if (sp == 1) {
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t j = 0; j < c; ++j) {
+          const float v = (px[r * c + j] - mean_[j]) * invstd_[j];
+          xh[r * c + j] = v;
+          py[r * c + j] = g[j] * v + b[j];
+        }
+    } else {
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t j = 0; j < c; ++j) {
+          const std::size_t o = (r * c + j) * sp;
+          const float m = mean_[j], is = invstd_[j], gj = g[j], bj = b[j];
+          for (std::size_t i = 0; i < sp; ++i) {
+            const float v = (px[o + i] - m) * is;
+            xh[o + i] = v;
+            py[o + i] = gj * v + bj;
+          }
+        }
+    }
     return y;
   }
 
   const Matrix& backward_f32(Context& ctx, const Matrix& dy, Matrix& dx) {
-    const std::size_t n = xhat_.shape(0), c = features_;
-    XTRAIN_CHECK(dy.dimension() == 2 && dy.shape(0) == n && dy.shape(1) == c, ShapeError, describe(),
-                 ": gradient has shape ", dy.shape().str(), ", expected [", n, ", ", c, "]");
+    const std::size_t n = xhat_.shape(0), c = features_, sp = xhat_.size() / (n * c);
+    XTRAIN_CHECK(dy.shape() == xhat_.shape(), ShapeError, describe(), ": gradient has shape ", dy.shape().str(),
+                 ", expected ", xhat_.shape().str());
     std::vector<double>& sum = scratch_;
     sum.assign(2 * c, 0.0);  // [sum dy, sum dy * xhat]
     const float* pd = dy.data();
     const float* xh = xhat_.data();
-    for (std::size_t r = 0; r < n; ++r)
-      for (std::size_t j = 0; j < c; ++j) {
-        sum[j] += pd[r * c + j];
-        sum[c + j] += static_cast<double>(pd[r * c + j]) * xh[r * c + j];
-      }
+    if (sp == 1) {
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t j = 0; j < c; ++j) {
+          sum[j] += pd[r * c + j];
+          sum[c + j] += static_cast<double>(pd[r * c + j]) * xh[r * c + j];
+        }
+    } else {
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t j = 0; j < c; ++j) {
+          const std::size_t o = (r * c + j) * sp;
+          sum[j] += kernels::plane_sum(pd + o, sp);
+          sum[c + j] += kernels::plane_dot(pd + o, xh + o, sp);
+        }
+    }
     float* gw = weight_.grad();
     float* gb = bias_.grad();
     for (std::size_t j = 0; j < c; ++j) {  // this rank's share: the gradient reduction sums the ranks
@@ -195,7 +243,7 @@ class BatchNorm1d {
       dx.resize({0});
       return dx;
     }
-    dx.resize({n, c});
+    dx.resize(xhat_.shape());
     const float* g = weight_.data();
     float* pdx = dx.data();
     if (training_) {
@@ -206,12 +254,24 @@ class BatchNorm1d {
         mean_dy_[j] = static_cast<float>(sum[j] / count_);
         mean_dy_xhat_[j] = static_cast<float>(sum[c + j] / count_);
       }
-      for (std::size_t r = 0; r < n; ++r)
-        for (std::size_t j = 0; j < c; ++j)
-          pdx[r * c + j] = g[j] * invstd_[j] * (pd[r * c + j] - mean_dy_[j] - xh[r * c + j] * mean_dy_xhat_[j]);
+      if (sp == 1) {
+        for (std::size_t r = 0; r < n; ++r)
+          for (std::size_t j = 0; j < c; ++j)
+            pdx[r * c + j] = g[j] * invstd_[j] * (pd[r * c + j] - mean_dy_[j] - xh[r * c + j] * mean_dy_xhat_[j]);
+      } else {
+        for (std::size_t r = 0; r < n; ++r)
+          for (std::size_t j = 0; j < c; ++j) {
+            const std::size_t o = (r * c + j) * sp;
+            const float k = g[j] * invstd_[j], md = mean_dy_[j], mdx = mean_dy_xhat_[j];
+            for (std::size_t i = 0; i < sp; ++i) pdx[o + i] = k * (pd[o + i] - md - xh[o + i] * mdx);
+          }
+      }
     } else {
       for (std::size_t r = 0; r < n; ++r)
-        for (std::size_t j = 0; j < c; ++j) pdx[r * c + j] = pd[r * c + j] * g[j] * invstd_[j];
+        for (std::size_t j = 0; j < c; ++j) {
+          const std::size_t o = (r * c + j) * sp;
+          for (std::size_t i = 0; i < sp; ++i) pdx[o + i] = pd[o + i] * g[j] * invstd_[j];
+        }
     }
     return dx;
   }
@@ -229,7 +289,13 @@ class BatchNorm1d {
   ActivationBuffers out_;  // bf16/fp16: output or input gradient
 };
 
-/// BatchNorm1d with statistics over all ranks (PyTorch's SyncBatchNorm).
+/// Over [N, C] or [N, C, L] (PyTorch's nn.BatchNorm1d).
+using BatchNorm1d = BatchNorm<1>;
+/// Over [N, C, H, W] (PyTorch's nn.BatchNorm2d).
+using BatchNorm2d = BatchNorm<2>;
+
+/// BatchNorm1d with statistics over all ranks (PyTorch's SyncBatchNorm); for images,
+/// `BatchNorm2d{c}.sync_stats(true)`.
 struct SyncBatchNorm : BatchNorm1d {
   explicit SyncBatchNorm(std::size_t features) : BatchNorm1d(features) { sync_stats(true); }
 };

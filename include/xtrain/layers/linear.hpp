@@ -57,7 +57,8 @@ class Linear {
       kernels::broadcast_rows(bias_.data(), n, out_, acc);
       beta = 1.0f;
     }
-    gemm<T>(kernels::Trans::no, kernels::Trans::yes, n, out_, in_, x.data(), in_, weight_.data(), in_, beta, acc, out_);
+    kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::yes, n, out_, in_, x.data(), in_, weight_.data(), in_, beta,
+                        acc, out_);
     if constexpr (!std::is_same_v<T, float>) kernels::from_float(acc, y.data(), n * out_);
     x_ = &x;
     x_type_ = activation_type_index<T>;
@@ -74,8 +75,8 @@ class Linear {
     const std::size_t n = x.rows();
     XTRAIN_CHECK(dy.shape() == x.shape().with_back(out_), ShapeError, describe(), ": gradient has shape ",
                  dy.shape().str(), ", expected ", x.shape().with_back(out_).str());
-    gemm<T>(kernels::Trans::yes, kernels::Trans::no, out_, in_, n, dy.data(), out_, x.data(), in_, 1.0f, weight_.grad(),
-            in_);
+    kernels::gemm_as<T>(kernels::Trans::yes, kernels::Trans::no, out_, in_, n, dy.data(), out_, x.data(), in_, 1.0f,
+                        weight_.grad(), in_);
     if (has_bias()) {
       if constexpr (std::is_same_v<T, float>) {
         kernels::column_sums(dy.data(), n, out_, bias_.grad(), true);
@@ -92,7 +93,8 @@ class Linear {
     }
     dx.resize(x.shape());
     float* acc = accumulator<T>(dx, n * in_);
-    gemm<T>(kernels::Trans::no, kernels::Trans::no, n, in_, out_, dy.data(), out_, weight_.data(), in_, 0.0f, acc, in_);
+    kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::no, n, in_, out_, dy.data(), out_, weight_.data(), in_,
+                        0.0f, acc, in_);
     if constexpr (!std::is_same_v<T, float>) kernels::from_float(acc, dx.data(), n * in_);
     return dx;
   }
@@ -127,15 +129,6 @@ class Linear {
     thread_local std::vector<float> w;
     if (w.size() < size) w.resize(size);
     return w;
-  }
-
-  template <class T, class A, class B>
-  static void gemm(kernels::Trans ta, kernels::Trans tb, std::size_t m, std::size_t n, std::size_t k, const A* a,
-                   std::size_t lda, const B* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
-    if constexpr (std::is_same_v<T, float>)
-      kernels::gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
-    else
-      kernels::gemm_lowp<T>(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
   }
 
   std::size_t in_, out_;

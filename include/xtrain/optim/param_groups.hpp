@@ -143,7 +143,10 @@ inline void restore_param_groups(std::vector<GroupScales>& scales, const ParamAr
                                  const std::vector<GroupScales>& saved, const std::vector<std::uint64_t>& membership,
                                  const std::string& source) {
   auto name = [](const std::vector<GroupScales>& g, std::size_t i) {
-    return i < g.size() ? g[i].name : "#" + std::to_string(i);
+    if (i < g.size()) return g[i].name;
+    std::string unnamed = std::to_string(i);  // not "#" + to_string(i): GCC 12's false -Wrestrict (bug 105329)
+    unnamed.insert(unnamed.begin(), '#');
+    return unnamed;
   };
   const auto& entries = arena.entries();
   for (std::size_t i = 0; i < entries.size() && i < membership.size(); ++i)

@@ -1,0 +1,211 @@
+// Convolutional networks on Fashion-MNIST images ([N, 1, 28, 28]) with Adam and cross-entropy, on
+// one process or data-parallel under mpirun/srun: LeNet-5, a three-convolution BatchNorm net, or a
+// small ResNet (examples/cnn_models.hpp; PyTorch twins in tests/cnn_models.py).
+//
+//   build/examples/fashion_mnist_cnn --model lenet --epochs 10
+//   build/examples/fashion_mnist_cnn --model convbn --precision bf16
+//   mpirun -np 2 build/examples/fashion_mnist_cnn --model resnet --global-batch 64
+//
+// Rank 0 prints one line per epoch, then the final accuracies and the total time, as the MLP
+// example does. With --project-dir, SIGTERM, SIGINT or SIGUSR1 saves a checkpoint and exits with
+// code 75; --resume latest continues bitwise where it stopped.
+
+#include <cstdio>
+#include <string>
+#include <string_view>
+
+#include <xtrain/parallel/mpi.hpp>
+#include <xtrain/xtrain.hpp>
+
+#include "cnn_models.hpp"
+#include "common.hpp"
+
+namespace {
+
+struct Flags {
+  std::string data = xtrain::data::default_data_dir();
+  std::string model = "lenet";
+  std::size_t epochs = 10, batch = 64, global_batch = 0, limit = 0;
+  float lr = 1e-3f;
+  std::uint64_t seed = 42;
+  bool sync_bn = false;
+  std::string project_dir, resume, export_path, precision = "fp32", profile_dir;
+  std::size_t checkpoint_every_steps = 0;
+};
+
+constexpr const char* usage =
+    "usage: [mpirun -np P] fashion_mnist_cnn [--model lenet|convbn|resnet] [--data DIR] [--epochs N]\n"
+    "           [--batch N | --global-batch N] [--lr X] [--seed N] [--precision fp32|bf16|fp16] [--sync-bn]\n"
+    "           [--project-dir DIR [--checkpoint-every-steps K]] [--resume latest|DIR] [--export FILE]\n"
+    "           [--limit N] [--profile DIR]\n"
+    "  --model M         lenet (default): LeNet-5, 62k parameters; convbn: 3 convolutions with\n"
+    "                    BatchNorm2d, 431k; resnet: a CIFAR-style ResNet of 6 BasicBlocks, 175k\n"
+    "  --data DIR        Fashion-MNIST IDX folder, or a folder with train_x.npy, train_y.npy,\n"
+    "                    test_x.npy, test_y.npy of 784-pixel images (default $XTRAIN_DATA_DIR, else\n"
+    "                    /usr/share/datasets/fashion-mnist: Debian's dataset-fashion-mnist)\n"
+    "  --epochs N        passes over the training set (default 10)\n"
+    "  --batch N         samples per step on EACH process (default 64; global batch = N x P)\n"
+    "  --global-batch N  samples per step over ALL processes (same training on any P)\n"
+    "  --lr X            Adam learning rate (default 1e-3)\n"
+    "  --seed N          seed of initialisation, data order and dropout (default 42)\n"
+    "  --precision P     fp32 (default), bf16 or fp16 (mixed precision: fp32 master weights,\n"
+    "                    activations and GEMM operands in P; fp16 with dynamic loss scaling)\n"
+    "  --sync-bn         BatchNorm statistics over all processes (convbn, resnet)\n"
+    "  --project-dir DIR save a checkpoint each epoch in DIR/checkpoints/checkpoint_N, and on\n"
+    "                    SIGTERM, SIGINT or SIGUSR1 (then exit with code 75: resume with --resume latest)\n"
+    "  --checkpoint-every-steps K   also every K optimizer steps\n"
+    "  --resume latest|DIR  continue from the newest checkpoint of --project-dir, or from DIR\n"
+    "  --export FILE     write the trained model as safetensors (PyTorch state_dict names)\n"
+    "  --limit N         train on the first N training images only (a quick run)\n"
+    "  --profile DIR     print where a step's time goes per layer, and write Chrome traces to DIR\n";
+
+Flags parse(int argc, char** argv) {
+  Flags f;
+  auto count = [](std::string_view flag, const char* v) { return example::parse_count(flag, v, usage); };
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(usage, stdout);
+      std::exit(0);
+    }
+    if (arg == "--sync-bn") {
+      f.sync_bn = true;
+      continue;
+    }
+    if (i + 1 >= argc) example::fail_usage(std::string("unknown or incomplete option '") + argv[i] + "'", usage);
+    const char* value = argv[++i];
+    if (arg == "--data")
+      f.data = value;
+    else if (arg == "--model")
+      f.model = value;
+    else if (arg == "--epochs")
+      f.epochs = count(arg, value);
+    else if (arg == "--batch")
+      f.batch = count(arg, value);
+    else if (arg == "--global-batch")
+      f.global_batch = count(arg, value);
+    else if (arg == "--limit")
+      f.limit = count(arg, value);
+    else if (arg == "--seed")
+      f.seed = count(arg, value);
+    else if (arg == "--lr")
+      f.lr = static_cast<float>(example::parse_positive(arg, value, usage));
+    else if (arg == "--precision")
+      f.precision = value;
+    else if (arg == "--project-dir")
+      f.project_dir = value;
+    else if (arg == "--checkpoint-every-steps")
+      f.checkpoint_every_steps = count(arg, value);
+    else if (arg == "--resume")
+      f.resume = value;
+    else if (arg == "--export")
+      f.export_path = value;
+    else if (arg == "--profile")
+      f.profile_dir = value;
+    else
+      example::fail_usage(std::string("unknown option '") + argv[i - 1] + "'", usage);
+  }
+  if (f.model != "lenet" && f.model != "convbn" && f.model != "resnet")
+    example::fail_usage("--model expects lenet, convbn or resnet, got '" + f.model + "'", usage);
+  if (f.precision != "fp32" && f.precision != "bf16" && f.precision != "fp16")
+    example::fail_usage("--precision expects fp32, bf16 or fp16, got '" + f.precision + "'", usage);
+  if (f.resume == "latest" && f.project_dir.empty()) example::fail_usage("--resume latest needs --project-dir", usage);
+  if (f.checkpoint_every_steps && f.project_dir.empty())
+    example::fail_usage("--checkpoint-every-steps needs --project-dir", usage);
+  return f;
+}
+
+template <class Precision, class Model>
+int run_training(const Flags& flags, Model model) {
+  xtrain::parallel::MpiAllReduce comm;
+  const bool main_process = comm.rank() == 0;
+  const std::size_t ranks = comm.size();
+  auto [train, test] = xtrain::data::load_folder(flags.data);
+  XTRAIN_CHECK(train.feature_count() == 28 * 28 && train.num_classes() <= 10, DataError, flags.data,
+               ": the CNN models take 28 x 28 images of at most 10 classes; got ", train.feature_count(),
+               " features and ", train.num_classes(), " classes");
+  train.with_sample_shape({1, 28, 28}).truncate(flags.limit ? flags.limit : train.size());
+  test.with_sample_shape({1, 28, 28});
+  const auto options = xtrain::TrainerOptions{}
+                           .batch_size(flags.batch)
+                           .global_batch_size(flags.global_batch)
+                           .epochs(flags.epochs)
+                           .seed(flags.seed)
+                           .project_dir(flags.project_dir);
+  if (main_process) {
+    std::printf("xtrain %s | data %s: %zu train, %zu test images of %s, %zu classes\n", xtrain::version_string,
+                flags.data.c_str(), train.size(), test.size(), train.sample_shape().str().c_str(), train.num_classes());
+    std::size_t parameters = 0;
+    xtrain::visit_parameters(model,
+                             [&](const std::string&, xtrain::Param& p, xtrain::ParamKind) { parameters += p.size(); });
+    std::printf("%s: %zu parameters\n%s\n", flags.model.c_str(), parameters, model.describe().c_str());
+  }
+  xtrain::Trainer<Model, xtrain::optim::Adam, Precision, xtrain::parallel::MpiAllReduce> trainer{
+      std::move(model), xtrain::optim::Adam{}.lr(flags.lr), options, std::move(comm)};
+  if (main_process) {
+    std::printf(
+        "Adam lr %g | %zu process%s (launcher: %s) | global batch %zu | %zu epochs | seed %llu | precision %s\n",
+        static_cast<double>(flags.lr), ranks, ranks == 1 ? "" : "es", xtrain::parallel::launch_info().launcher,
+        trainer.global_batch_size(), flags.epochs, static_cast<unsigned long long>(flags.seed), Precision::name);
+    example::report_kernels(flags.precision);
+  }
+  if (!flags.resume.empty()) {
+    const std::string from = trainer.resume(flags.resume);
+    if (main_process)
+      std::printf("Resumed from %s: %llu epochs and %llu steps done\n", from.c_str(),
+                  static_cast<unsigned long long>(trainer.epoch()), static_cast<unsigned long long>(trainer.step()));
+  }
+  namespace profile = xtrain::profile;
+  profile::Profiler profiler({.schedule = profile::Schedule{.warmup = 5, .active = 50, .repeat = 1, .skip_first = 10}});
+  if (!flags.profile_dir.empty()) trainer.set_profiler(&profiler);
+  const auto checkpoints = xtrain::callbacks::CheckpointEvery{}
+                               .epochs(flags.project_dir.empty() ? 0 : 1)
+                               .steps(flags.checkpoint_every_steps);
+  const xtrain::History history = trainer.fit(train, test, checkpoints);
+  if (!flags.export_path.empty()) trainer.save_model(flags.export_path);
+  if (!flags.profile_dir.empty()) {
+    const std::string table = profile::table(profiler, trainer.communicator());
+    const auto files = profile::export_chrome_traces(profiler, trainer.communicator(), flags.profile_dir);
+    if (main_process)
+      std::printf("Profile (steps 16-65):\n%sChrome trace: %s (open in ui.perfetto.dev or chrome://tracing)\n",
+                  table.c_str(), files.back().c_str());
+  }
+  if (history.epochs.empty()) {
+    if (main_process) std::printf("Nothing to train: the checkpoint already completed %zu epochs\n", flags.epochs);
+    return 0;
+  }
+  if (main_process) {
+    const auto& last = history.epochs.back();
+    if (Precision::uses_loss_scaling)
+      std::printf("Loss scale %g, %llu of %llu steps skipped for overflow\n", trainer.loss_scaler().scale(),
+                  static_cast<unsigned long long>(trainer.loss_scaler().skipped_steps()),
+                  static_cast<unsigned long long>(trainer.step()));
+    std::printf("Final Train Accuracy: %.2f%%\n", last.train.accuracy);
+    std::printf("Final Test Accuracy: %.2f%%\n", last.test.accuracy);
+    std::printf("Total Training Time: %.2f seconds\n", history.seconds);
+    if (!flags.export_path.empty()) std::printf("Exported the model to %s\n", flags.export_path.c_str());
+    if (!flags.project_dir.empty())
+      std::printf("Checkpoints in %s/checkpoints (continue with --resume latest)\n", flags.project_dir.c_str());
+  }
+  return 0;
+}
+
+template <class Precision>
+int run_model(const Flags& flags) {
+  xtrain::set_seed(flags.seed);
+  if (flags.model == "convbn") return run_training<Precision>(flags, cnn_models::convbn(flags.sync_bn));
+  if (flags.model == "resnet") return run_training<Precision>(flags, cnn_models::resnet(flags.sync_bn));
+  return run_training<Precision>(flags, cnn_models::lenet());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  xtrain::parallel::MpiEnvironment env{argc, argv};
+  return env.run([&] {
+    const Flags flags = parse(argc, argv);
+    if (flags.precision == "bf16") return run_model<xtrain::MixedPrecision<xtrain::bf16>>(flags);
+    if (flags.precision == "fp16") return run_model<xtrain::MixedPrecision<xtrain::fp16>>(flags);
+    return run_model<xtrain::FullPrecision>(flags);
+  });
+}

@@ -1,0 +1,281 @@
+#pragma once
+/// \file conv2d.hpp
+/// Conv2d over NCHW images as PyTorch's nn.Conv2d: weight [out, in / groups, KH, KW], bias [out],
+/// stride, zero padding, dilation and groups (groups == in == out is a depthwise convolution),
+/// PyTorch's default initialisation (kaiming_uniform with a = sqrt(5): U(-1/sqrt(fan_in),
+/// 1/sqrt(fan_in)) for weight and bias, fan_in = in / groups * KH * KW).
+///
+/// Each group is lowered to GEMMs through im2col (kernels/conv.hpp) on the packed GEMM of Linear:
+/// y_g[out/g, OH*OW] = W_g x col_g; dW_g += dy_g x col_g^T; dx_g = col2im(W_g^T x dy_g). Images
+/// of small planes are put side by side (about 2048 columns per GEMM: LeNet's 10 x 10 planes make
+/// one GEMM of 21 images rather than 21 tiny ones). The column matrix is rebuilt in backward
+/// rather than kept, so a layer holds one chunk's columns, not the batch's. With bf16/fp16
+/// activations the columns are 16-bit and the GEMM accumulates in fp32 (kernels/gemm_lowp.hpp:
+/// vdpbf16ps where available).
+
+#include <cmath>
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "xtrain/core/context.hpp"
+#include "xtrain/core/error.hpp"
+#include "xtrain/core/memory_counter.hpp"
+#include "xtrain/core/module.hpp"
+#include "xtrain/core/param.hpp"
+#include "xtrain/core/rng.hpp"
+#include "xtrain/core/tensor.hpp"
+#include "xtrain/kernels/conv.hpp"
+#include "xtrain/kernels/convert.hpp"
+#include "xtrain/kernels/elementwise.hpp"
+#include "xtrain/kernels/gemm.hpp"
+#include "xtrain/kernels/gemm_lowp.hpp"
+
+namespace xtrain::layers {
+
+using kernels::Size2;
+
+class Conv2d {
+ public:
+  /// PyTorch's positional order: `Conv2d{1, 32, 3, 1, 1}` is nn.Conv2d(1, 32, 3, stride=1,
+  /// padding=1); `Conv2d{3, 6, {3, 2}}` a 3 x 2 kernel. Requires positive sizes, strides and
+  /// dilations, and groups dividing both channel counts. Draws W then b from `default_generator()`.
+  Conv2d(std::size_t in_channels, std::size_t out_channels, Size2 kernel, Size2 stride = 1, Size2 padding = 0,
+         Size2 dilation = 1, std::size_t groups = 1, bool bias = true)
+      : in_(in_channels), out_(out_channels), groups_(groups) {
+    window_.kernel = kernel;
+    window_.stride = stride;
+    window_.padding = padding;
+    window_.dilation = dilation;
+    XTRAIN_CHECK(in_ > 0 && out_ > 0 && kernel.h > 0 && kernel.w > 0, ValueError, "Conv2d(", in_, ", ", out_, ", ",
+                 kernel.str(), "): channel counts and kernel size must be positive");
+    XTRAIN_CHECK(stride.h > 0 && stride.w > 0 && dilation.h > 0 && dilation.w > 0, ValueError, describe(),
+                 ": stride and dilation must be positive");
+    XTRAIN_CHECK(groups > 0 && in_ % groups == 0 && out_ % groups == 0, ValueError, describe(), ": groups=", groups,
+                 " must divide in_channels (", in_, ") and out_channels (", out_, ")");
+    weight_ = Param({out_, in_ / groups_, kernel.h, kernel.w});
+    if (bias) bias_ = Param({out_});
+    reset_parameters(default_generator());
+  }
+
+  /// Re-draws W and b as PyTorch's `reset_parameters` does, from `gen`.
+  void reset_parameters(Generator& gen) {
+    const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in()));
+    for (float& w : weight_.values()) w = gen.uniform(-bound, bound);
+    for (float& b : bias_.values()) b = gen.uniform(-bound, bound);
+  }
+
+  /// y[N, out, OH, OW] from x[N, in, H, W]. Keeps a pointer to x for backward (x must stay alive
+  /// and unchanged until then, as Sequential guarantees).
+  template <ActivationType T>
+  const Tensor<T>& forward(Context&, const Tensor<T>& x) {
+    XTRAIN_CHECK(x.dimension() == 4 && x.shape(1) == in_, ShapeError, describe(), ": input has shape ", x.shape().str(),
+                 ", expected [batch, ", in_, ", height, width]");
+    XTRAIN_CHECK(window_.set_input(x.shape(2), x.shape(3)), ShapeError, describe(), ": the kernel (dilated to ",
+                 window_.dilation.h * (window_.kernel.h - 1) + 1, " x ",
+                 window_.dilation.w * (window_.kernel.w - 1) + 1, ") does not fit the padded input of ", x.shape(2),
+                 " x ", x.shape(3));
+    const std::size_t n = x.shape(0), plane = window_.out_plane(), og = out_ / groups_, kg = fan_in();
+    Tensor<T>& y = y_.get<T>();
+    y.resize({n, out_, window_.oh, window_.ow});
+    float* acc = accumulator<T>(y, y.size());
+    const float* bias = has_bias() ? bias_.data() : nullptr;
+    for_each_chunk(n, [&](std::size_t s0, std::size_t m, std::size_t ld) {
+      for (std::size_t g = 0; g < groups_; ++g) {
+        const T* cols = columns(x, s0, m, g, ld);
+        const float* wg = weight_.data() + g * og * kg;
+        if (m == 1) {  // one image: the GEMM writes its planes in place, over the bias
+          float* yg = acc + (s0 * out_ + g * og) * plane;
+          for (std::size_t o = 0; o < og; ++o)
+            std::fill(yg + o * plane, yg + (o + 1) * plane, bias ? bias[g * og + o] : 0.0f);
+          kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::no, og, plane, kg, wg, kg, cols, ld,
+                              bias ? 1.0f : 0.0f, yg, plane);
+          continue;
+        }
+        // Several images side by side: y_g[og, m * plane], then each image's planes to its place.
+        Buffer<float>& out = buffer<float>(1);
+        out.resize(og * ld);
+        kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::no, og, ld, kg, wg, kg, cols, ld, 0.0f, out.data(), ld);
+        for (std::size_t j = 0; j < m; ++j)
+          for (std::size_t o = 0; o < og; ++o) {
+            const float* src = out.data() + o * ld + j * plane;
+            float* dst = acc + ((s0 + j) * out_ + g * og + o) * plane;
+            const float b = bias ? bias[g * og + o] : 0.0f;
+            for (std::size_t i = 0; i < plane; ++i) dst[i] = src[i] + b;
+          }
+      }
+    });
+    if constexpr (!std::is_same_v<T, float>) kernels::from_float(acc, y.data(), y.size());
+    x_ = &x;
+    x_type_ = activation_type_index<T>;
+    return y;
+  }
+
+  /// dW += dy x col^T, db += sums of dy over the batch and the plane; dx = col2im(W^T dy) when
+  /// ctx.input_grad (else an empty tensor).
+  template <ActivationType T>
+  const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
+    XTRAIN_CHECK(x_ != nullptr, ValueError, describe(), ": backward called before forward");
+    XTRAIN_CHECK(x_type_ == activation_type_index<T>, ValueError, describe(), ": backward in ",
+                 activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(x_type_));
+    const Tensor<T>& x = *static_cast<const Tensor<T>*>(x_);
+    const std::size_t n = x.shape(0), plane = window_.out_plane(), og = out_ / groups_, kg = fan_in();
+    const Shape expected{n, out_, window_.oh, window_.ow};
+    XTRAIN_CHECK(dy.shape() == expected, ShapeError, describe(), ": gradient has shape ", dy.shape().str(),
+                 ", expected ", expected.str());
+    if (has_bias()) bias_sums(dy, n, plane);
+    Tensor<T>& dx = dx_.get<T>();
+    const bool input_grad = ctx.input_grad;
+    float* dx_acc = nullptr;
+    if (input_grad) {
+      dx.resize(x.shape());
+      dx_acc = accumulator<T>(dx, dx.size());
+      std::fill(dx_acc, dx_acc + dx.size(), 0.0f);
+    } else {
+      dx.resize({0});
+    }
+    const std::size_t cg = in_ / groups_;
+    for_each_chunk(n, [&](std::size_t s0, std::size_t m, std::size_t ld) {
+      for (std::size_t g = 0; g < groups_; ++g) {
+        const T* cols = columns(x, s0, m, g, ld);
+        // dy_g of the chunk as [og, m * plane] (one image: dy itself).
+        const T* dyg = dy.data() + (s0 * out_ + g * og) * plane;
+        if (m > 1) {
+          Buffer<T>& side = buffer<T>(1);
+          side.resize(og * ld);
+          for (std::size_t j = 0; j < m; ++j)
+            for (std::size_t o = 0; o < og; ++o)
+              std::copy_n(dy.data() + ((s0 + j) * out_ + g * og + o) * plane, plane, side.data() + o * ld + j * plane);
+          dyg = side.data();
+        }
+        const float* wg = weight_.data() + g * og * kg;
+        kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::yes, og, kg, ld, dyg, ld, cols, ld, 1.0f,
+                            weight_.grad() + g * og * kg, kg);
+        if (!input_grad) continue;
+        dcol_.resize(kg * ld);
+        kernels::gemm_as<T>(kernels::Trans::yes, kernels::Trans::no, kg, ld, og, wg, kg, dyg, ld, 0.0f, dcol_.data(),
+                            ld);
+        for (std::size_t j = 0; j < m; ++j)
+          kernels::col2im(dcol_.data() + j * plane, cg, window_,
+                          dx_acc + ((s0 + j) * in_ + g * cg) * window_.in_plane(), ld);
+      }
+    });
+    if constexpr (!std::is_same_v<T, float>)
+      if (input_grad) kernels::from_float(dx_acc, dx.data(), dx.size());
+    return dx;
+  }
+
+  template <class V>
+  void visit(V& v) {
+    v.param("weight", weight_);
+    if (has_bias()) v.param("bias", bias_, ParamKind::bias);
+  }
+
+  Param& weight() noexcept { return weight_; }
+  Param& bias() noexcept { return bias_; }
+  bool has_bias() const noexcept { return bias_.size() > 0; }
+  std::size_t in_channels() const noexcept { return in_; }
+  std::size_t out_channels() const noexcept { return out_; }
+  std::size_t groups() const noexcept { return groups_; }
+  Size2 kernel_size() const noexcept { return window_.kernel; }
+  Size2 stride() const noexcept { return window_.stride; }
+  Size2 padding() const noexcept { return window_.padding; }
+  Size2 dilation() const noexcept { return window_.dilation; }
+  /// Inputs each output sums over: in / groups * KH * KW.
+  std::size_t fan_in() const noexcept { return in_ / groups_ * window_.kernel.h * window_.kernel.w; }
+
+  /// As PyTorch prints it: "Conv2d(1, 32, kernel_size=3, stride=1, padding=1)".
+  std::string describe() const {
+    std::string s = "Conv2d(" + std::to_string(in_) + ", " + std::to_string(out_) +
+                    ", kernel_size=" + window_.kernel.str() + ", stride=" + window_.stride.str();
+    if (window_.padding != Size2{0}) s += ", padding=" + window_.padding.str();
+    if (window_.dilation != Size2{1}) s += ", dilation=" + window_.dilation.str();
+    if (groups_ != 1) s += ", groups=" + std::to_string(groups_);
+    if (weight_.size() > 0 && !has_bias()) s += ", bias=False";
+    return s + ")";
+  }
+
+ private:
+  // Calls f(first image, images, columns) for the batch in chunks: as many images side by side as
+  // make about 2048 GEMM columns (small planes: one GEMM instead of many tiny ones), one image
+  // when its plane alone is that wide.
+  template <class F>
+  void for_each_chunk(std::size_t n, F&& f) const {
+    const std::size_t plane = window_.out_plane();
+    const std::size_t per = std::max<std::size_t>(1, (2048 + plane - 1) / plane);
+    for (std::size_t s0 = 0; s0 < n; s0 += per) {
+      const std::size_t m = std::min(per, n - s0);
+      f(s0, m, m * plane);
+    }
+  }
+
+  // The column matrix of images [s0, s0 + m), group g, side by side (rows `ld` apart), in this
+  // layer's buffer of the activation type.
+  template <class T>
+  const T* columns(const Tensor<T>& x, std::size_t s0, std::size_t m, std::size_t g, std::size_t ld) {
+    const std::size_t cg = in_ / groups_;
+    Buffer<T>& col = buffer<T>(0);
+    col.resize(fan_in() * ld);
+    for (std::size_t j = 0; j < m; ++j)
+      kernels::im2col(x.data() + ((s0 + j) * in_ + g * cg) * window_.in_plane(), cg, window_,
+                      col.data() + j * window_.out_plane(), ld);
+    return col.data();
+  }
+
+  template <class T>
+  using Buffer = std::vector<T, memory::CountingAllocator<T>>;  // counted: memory::counters()
+
+  // Buffer 0: the column matrix; 1: the chunk's output (fp32) or output gradient (type T).
+  template <class T>
+  Buffer<T>& buffer(int which) noexcept {
+    if constexpr (std::is_same_v<T, float>)
+      return f32_[which];
+    else if constexpr (std::is_same_v<T, bf16>)
+      return b16_[which];
+    else
+      return f16_[which];
+  }
+
+  // fp32: the GEMM writes the output itself; bf16/fp16: an fp32 accumulator of the layer.
+  template <class T>
+  float* accumulator(Tensor<T>& out, std::size_t size) {
+    if constexpr (std::is_same_v<T, float>) {
+      return out.data();
+    } else {
+      acc_.resize(size);
+      return acc_.data();
+    }
+  }
+
+  template <class T>
+  void bias_sums(const Tensor<T>& dy, std::size_t n, std::size_t plane) {
+    float* gb = bias_.grad();
+    Buffer<float>& row = dcol_;
+    row.resize(plane);
+    for (std::size_t s = 0; s < n; ++s)
+      for (std::size_t o = 0; o < out_; ++o) {
+        const T* d = dy.data() + (s * out_ + o) * plane;
+        const float* v;
+        if constexpr (std::is_same_v<T, float>) {
+          v = d;
+        } else {
+          kernels::to_float(d, row.data(), plane);
+          v = row.data();
+        }
+        gb[o] += static_cast<float>(kernels::plane_sum(v, plane));
+      }
+  }
+
+  std::size_t in_, out_, groups_;
+  kernels::Window window_;
+  Param weight_, bias_;
+  const void* x_ = nullptr;  // the Tensor<T> of the last forward
+  int x_type_ = 0;           // its activation_type_index
+  ActivationBuffers y_, dx_;
+  Buffer<float> f32_[2], dcol_, acc_;  // see buffer(); the columns' gradient; fp32 accumulator (16-bit runs)
+  Buffer<bf16> b16_[2];
+  Buffer<fp16> f16_[2];
+};
+
+}  // namespace xtrain::layers

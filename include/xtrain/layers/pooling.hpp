@@ -1,0 +1,400 @@
+#pragma once
+/// \file pooling.hpp
+/// Pooling over NCHW images as PyTorch: MaxPool2d (the first largest element of each window gets
+/// the gradient, as PyTorch's CPU kernel), AvgPool2d (zero padding counted in the divisor unless
+/// count_include_pad(false)), AdaptiveAvgPool2d (PyTorch's windows floor(i*H/OH) to
+/// ceil((i+1)*H/OH); AdaptiveAvgPool2d{1} is global average pooling), and Flatten ([N, C, H, W]
+/// -> [N, C*H*W]). Floor mode (no ceil_mode). With bf16/fp16 activations the values are widened
+/// to fp32, pooled and rounded back (a maximum is exact).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "xtrain/core/context.hpp"
+#include "xtrain/core/error.hpp"
+#include "xtrain/core/memory_counter.hpp"
+#include "xtrain/core/tensor.hpp"
+#include "xtrain/kernels/conv.hpp"
+#include "xtrain/kernels/convert.hpp"
+
+namespace xtrain::layers {
+
+using kernels::Size2;
+
+namespace detail {
+
+/// Runs a pooling kernel on fp32 data whatever the activation type: fp32 tensors are used as they
+/// are, bf16/fp16 ones are widened into `in32`, and the fp32 result in `out32` is rounded into `out`.
+struct Widened {
+  std::vector<float, memory::CountingAllocator<float>> in32, out32;
+
+  template <class T>
+  const float* input(const Tensor<T>& x) {
+    if constexpr (std::is_same_v<T, float>) {
+      return x.data();
+    } else {
+      in32.resize(x.size());
+      kernels::to_float(x.data(), in32.data(), x.size());
+      return in32.data();
+    }
+  }
+  template <class T>
+  float* output(Tensor<T>& y) {
+    if constexpr (std::is_same_v<T, float>) {
+      return y.data();
+    } else {
+      out32.resize(y.size());
+      return out32.data();
+    }
+  }
+  template <class T>
+  void finish(Tensor<T>& y) {
+    if constexpr (!std::is_same_v<T, float>) kernels::from_float(out32.data(), y.data(), y.size());
+  }
+};
+
+/// Checks x is [N, C, H, W] and sets the window's input plane; throws ShapeError naming `who`.
+template <class T>
+void check_image(const Tensor<T>& x, kernels::Window& window, const std::string& who) {
+  XTRAIN_CHECK(x.dimension() == 4, ShapeError, who, ": input has shape ", x.shape().str(),
+               ", expected [batch, channels, height, width]");
+  XTRAIN_CHECK(window.set_input(x.shape(2), x.shape(3)), ShapeError, who,
+               ": the window does not fit the padded input of ", x.shape(2), " x ", x.shape(3));
+}
+
+/// Backward's common checks: forward ran, in the same type, and dy has the output's shape.
+template <class T>
+void check_backward(const void* x, int x_type, const Shape& dy, const Shape& expected, const std::string& who) {
+  XTRAIN_CHECK(x != nullptr, ValueError, who, ": backward called before forward");
+  XTRAIN_CHECK(x_type == activation_type_index<T>, ValueError, who, ": backward in ",
+               activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(x_type));
+  XTRAIN_CHECK(dy == expected, ShapeError, who, ": gradient has shape ", dy.str(), ", expected ", expected.str());
+}
+
+inline void check_window(const kernels::Window& w, const std::string& who) {
+  XTRAIN_CHECK(
+      w.kernel.h > 0 && w.kernel.w > 0 && w.stride.h > 0 && w.stride.w > 0 && w.dilation.h > 0 && w.dilation.w > 0,
+      ValueError, who, ": kernel size, stride and dilation must be positive");
+  XTRAIN_CHECK(2 * w.padding.h <= w.kernel.h && 2 * w.padding.w <= w.kernel.w, ValueError, who,
+               ": padding should be at most half of the kernel size");
+}
+}  // namespace detail
+
+class MaxPool2d {
+ public:
+  /// nn.MaxPool2d(kernel, stride, padding, dilation); stride 0 (the default) means the kernel size.
+  explicit MaxPool2d(Size2 kernel, Size2 stride = 0, Size2 padding = 0, Size2 dilation = 1) {
+    window_.kernel = kernel;
+    window_.stride = Size2{stride.h ? stride.h : kernel.h, stride.w ? stride.w : kernel.w};
+    window_.padding = padding;
+    window_.dilation = dilation;
+    detail::check_window(window_, describe());
+  }
+
+  template <ActivationType T>
+  const Tensor<T>& forward(Context&, const Tensor<T>& x) {
+    detail::check_image(x, window_, describe());
+    const std::size_t planes = x.shape(0) * x.shape(1), in = window_.in_plane(), out = window_.out_plane();
+    Tensor<T>& y = y_.get<T>();
+    y.resize({x.shape(0), x.shape(1), window_.oh, window_.ow});
+    argmax_.resize(y.shape());
+    const float* px = wide_.input(x);
+    float* py = wide_.output(y);
+    const kernels::Window& g = window_;
+    const bool pairs = g.kernel == Size2{2} && g.stride == Size2{2} && g.padding == Size2{0} && g.dilation == Size2{1};
+    for (std::size_t p = 0; p < planes; ++p) {
+      const float* xp = px + p * in;
+      float* yp = py + p * out;
+      std::int32_t* ap = argmax_.data() + p * out;
+      for (std::size_t r = 0; r < g.oh; ++r) {
+        if (pairs) {                           // the common 2 x 2 / 2 window, without the general loop's bounds checks
+          const float* r0 = xp + 2 * r * g.w;  // the window's first row; r0[g.w + j] is its second
+          // Branch-free (random data defeats the branch predictor); ties go to the first in
+          // PyTorch's scan order: row 0 before row 1, left before right.
+          const auto base = static_cast<std::int32_t>(2 * r * g.w), w = static_cast<std::int32_t>(g.w);
+          for (std::size_t q = 0; q < g.ow; ++q) {
+            const std::size_t c = 2 * q;
+            const float a = r0[c], b = r0[c + 1], d = r0[g.w + c], e = r0[g.w + c + 1];
+            // Comparisons as 0/1 integers and maxss: compilers keep conditional moves as branches.
+            const auto i = static_cast<std::int32_t>(c);
+            const std::int32_t top_right = b > a, bottom_right = e > d;
+            const float top = std::max(a, b), bottom = std::max(d, e);
+            const std::int32_t top_i = i + top_right, bottom_i = w + i + bottom_right;
+            const std::int32_t lower = bottom > top;
+            yp[r * g.ow + q] = std::max(top, bottom);
+            ap[r * g.ow + q] = base + top_i + lower * (bottom_i - top_i);
+          }
+          continue;
+        }
+        for (std::size_t q = 0; q < g.ow; ++q) {
+          float v = -std::numeric_limits<float>::infinity();
+          std::int32_t best = -1;
+          for (std::size_t ki = 0; ki < g.kernel.h; ++ki) {
+            const std::ptrdiff_t ih = g.input_row(r, ki);
+            if (ih < 0) continue;
+            for (std::size_t kj = 0; kj < g.kernel.w; ++kj) {
+              const std::ptrdiff_t iw = static_cast<std::ptrdiff_t>(q * g.stride.w + kj * g.dilation.w) -
+                                        static_cast<std::ptrdiff_t>(g.padding.w);
+              if (iw < 0 || iw >= static_cast<std::ptrdiff_t>(g.w)) continue;
+              const auto i =
+                  static_cast<std::int32_t>(static_cast<std::size_t>(ih) * g.w + static_cast<std::size_t>(iw));
+              const float e = xp[i];
+              if (best < 0 || e > v || e != e) {  // NaN propagates, as in PyTorch
+                v = e;
+                best = i;
+              }
+            }
+          }
+          yp[r * g.ow + q] = v;
+          ap[r * g.ow + q] = best;
+        }
+      }
+    }
+    wide_.finish(y);
+    x_ = &x;
+    x_type_ = activation_type_index<T>;
+    in_shape_ = x.shape();
+    return y;
+  }
+
+  /// dx[argmax of each window] += dy.
+  template <ActivationType T>
+  const Tensor<T>& backward(Context&, const Tensor<T>& dy) {
+    detail::check_backward<T>(x_, x_type_, dy.shape(), argmax_.shape(), describe());
+    Tensor<T>& dx = dx_.get<T>();
+    dx.resize(in_shape_);
+    const float* pd = wide_.input(dy);
+    float* pdx = wide_.output(dx);
+    std::fill(pdx, pdx + dx.size(), 0.0f);
+    const std::size_t planes = in_shape_[0] * in_shape_[1], in = window_.in_plane(), out = window_.out_plane();
+    for (std::size_t p = 0; p < planes; ++p) {
+      const std::int32_t* ap = argmax_.data() + p * out;
+      float* dp = pdx + p * in;
+      const float* gp = pd + p * out;
+      for (std::size_t i = 0; i < out; ++i) dp[ap[i]] += gp[i];
+    }
+    wide_.finish(dx);
+    return dx;
+  }
+
+  template <class V>
+  void visit(V&) {}
+
+  std::string describe() const {
+    std::string s = "MaxPool2d(kernel_size=" + window_.kernel.str() + ", stride=" + window_.stride.str() +
+                    ", padding=" + window_.padding.str();
+    if (window_.dilation != Size2{1}) s += ", dilation=" + window_.dilation.str();
+    return s + ")";
+  }
+
+ private:
+  kernels::Window window_;
+  const void* x_ = nullptr;
+  int x_type_ = 0;
+  Shape in_shape_;
+  Tensor<std::int32_t> argmax_;  // index in its input plane of each output's maximum
+  ActivationBuffers y_, dx_;
+  detail::Widened wide_;
+};
+
+class AvgPool2d {
+ public:
+  /// nn.AvgPool2d(kernel, stride, padding); stride 0 (the default) means the kernel size.
+  explicit AvgPool2d(Size2 kernel, Size2 stride = 0, Size2 padding = 0) {
+    window_.kernel = kernel;
+    window_.stride = Size2{stride.h ? stride.h : kernel.h, stride.w ? stride.w : kernel.w};
+    window_.padding = padding;
+    detail::check_window(window_, describe());
+  }
+  /// Whether zero padding counts in the divisor (PyTorch's default: true).
+  AvgPool2d& count_include_pad(bool on) {
+    include_pad_ = on;
+    return *this;
+  }
+
+  template <ActivationType T>
+  const Tensor<T>& forward(Context&, const Tensor<T>& x) {
+    detail::check_image(x, window_, describe());
+    Tensor<T>& y = y_.get<T>();
+    y.resize({x.shape(0), x.shape(1), window_.oh, window_.ow});
+    const float* px = wide_.input(x);
+    float* py = wide_.output(y);
+    sweep(
+        x.shape(0) * x.shape(1), [&](std::size_t xi, std::size_t yi, float scale) { py[yi] += scale * px[xi]; }, py,
+        y.size());
+    wide_.finish(y);
+    x_ = &x;
+    x_type_ = activation_type_index<T>;
+    in_shape_ = x.shape();
+    out_shape_ = y.shape();
+    return y;
+  }
+
+  /// dx[window] += dy / divisor.
+  template <ActivationType T>
+  const Tensor<T>& backward(Context&, const Tensor<T>& dy) {
+    detail::check_backward<T>(x_, x_type_, dy.shape(), out_shape_, describe());
+    Tensor<T>& dx = dx_.get<T>();
+    dx.resize(in_shape_);
+    const float* pd = wide_.input(dy);
+    float* pdx = wide_.output(dx);
+    sweep(
+        in_shape_[0] * in_shape_[1], [&](std::size_t xi, std::size_t yi, float scale) { pdx[xi] += scale * pd[yi]; },
+        pdx, dx.size());
+    wide_.finish(dx);
+    return dx;
+  }
+
+  template <class V>
+  void visit(V&) {}
+
+  std::string describe() const {
+    return "AvgPool2d(kernel_size=" + window_.kernel.str() + ", stride=" + window_.stride.str() +
+           ", padding=" + window_.padding.str() + (include_pad_ ? ")" : ", count_include_pad=False)");
+  }
+
+ private:
+  // Zeroes out[0, n) then calls f(input index, output index, 1 / divisor) for every (window
+  // element inside the plane, output) pair, plane by plane.
+  template <class F>
+  void sweep(std::size_t planes, F&& f, float* out, std::size_t n) const {
+    std::fill(out, out + n, 0.0f);
+    const kernels::Window& g = window_;
+    for (std::size_t p = 0; p < planes; ++p)
+      for (std::size_t r = 0; r < g.oh; ++r)
+        for (std::size_t q = 0; q < g.ow; ++q) {
+          const std::ptrdiff_t h0 =
+              static_cast<std::ptrdiff_t>(r * g.stride.h) - static_cast<std::ptrdiff_t>(g.padding.h);
+          const std::ptrdiff_t w0 =
+              static_cast<std::ptrdiff_t>(q * g.stride.w) - static_cast<std::ptrdiff_t>(g.padding.w);
+          const std::ptrdiff_t h1 =
+              std::min<std::ptrdiff_t>(h0 + static_cast<std::ptrdiff_t>(g.kernel.h), static_cast<std::ptrdiff_t>(g.h));
+          const std::ptrdiff_t w1 =
+              std::min<std::ptrdiff_t>(w0 + static_cast<std::ptrdiff_t>(g.kernel.w), static_cast<std::ptrdiff_t>(g.w));
+          const std::ptrdiff_t hs = std::max<std::ptrdiff_t>(h0, 0), ws = std::max<std::ptrdiff_t>(w0, 0);
+          const std::size_t count =
+              include_pad_ ? g.kernel.h * g.kernel.w : static_cast<std::size_t>((h1 - hs) * (w1 - ws));
+          const float scale = 1.0f / static_cast<float>(count);
+          const std::size_t yi = (p * g.oh + r) * g.ow + q;
+          for (std::ptrdiff_t ih = hs; ih < h1; ++ih)
+            for (std::ptrdiff_t iw = ws; iw < w1; ++iw)
+              f(p * g.in_plane() + static_cast<std::size_t>(ih) * g.w + static_cast<std::size_t>(iw), yi, scale);
+        }
+  }
+
+  kernels::Window window_;
+  bool include_pad_ = true;
+  const void* x_ = nullptr;
+  int x_type_ = 0;
+  Shape in_shape_, out_shape_;
+  ActivationBuffers y_, dx_;
+  detail::Widened wide_;
+};
+
+class AdaptiveAvgPool2d {
+ public:
+  /// nn.AdaptiveAvgPool2d(output_size): `AdaptiveAvgPool2d{1}` averages each plane (global
+  /// average pooling). Requires a positive output size.
+  explicit AdaptiveAvgPool2d(Size2 output) : out_(output) {
+    XTRAIN_CHECK(output.h > 0 && output.w > 0, ValueError, "AdaptiveAvgPool2d(", output.str(),
+                 "): the output size must be positive");
+  }
+
+  template <ActivationType T>
+  const Tensor<T>& forward(Context&, const Tensor<T>& x) {
+    XTRAIN_CHECK(x.dimension() == 4, ShapeError, describe(), ": input has shape ", x.shape().str(),
+                 ", expected [batch, channels, height, width]");
+    Tensor<T>& y = y_.get<T>();
+    y.resize({x.shape(0), x.shape(1), out_.h, out_.w});
+    in_shape_ = x.shape();
+    const float* px = wide_.input(x);
+    float* py = wide_.output(y);
+    sweep([&](std::size_t xi, std::size_t yi, float scale) { py[yi] += scale * px[xi]; }, py, y.size());
+    wide_.finish(y);
+    x_ = &x;
+    x_type_ = activation_type_index<T>;
+    return y;
+  }
+
+  template <ActivationType T>
+  const Tensor<T>& backward(Context&, const Tensor<T>& dy) {
+    detail::check_backward<T>(x_, x_type_, dy.shape(), Shape{in_shape_[0], in_shape_[1], out_.h, out_.w}, describe());
+    Tensor<T>& dx = dx_.get<T>();
+    dx.resize(in_shape_);
+    const float* pd = wide_.input(dy);
+    float* pdx = wide_.output(dx);
+    sweep([&](std::size_t xi, std::size_t yi, float scale) { pdx[xi] += scale * pd[yi]; }, pdx, dx.size());
+    wide_.finish(dx);
+    return dx;
+  }
+
+  template <class V>
+  void visit(V&) {}
+
+  std::string describe() const { return "AdaptiveAvgPool2d(output_size=" + out_.str() + ")"; }
+
+ private:
+  template <class F>
+  void sweep(F&& f, float* out, std::size_t n) const {
+    std::fill(out, out + n, 0.0f);
+    const std::size_t planes = in_shape_[0] * in_shape_[1], h = in_shape_[2], w = in_shape_[3];
+    for (std::size_t p = 0; p < planes; ++p)
+      for (std::size_t r = 0; r < out_.h; ++r)
+        for (std::size_t q = 0; q < out_.w; ++q) {
+          const std::size_t h0 = r * h / out_.h, h1 = ((r + 1) * h + out_.h - 1) / out_.h;
+          const std::size_t w0 = q * w / out_.w, w1 = ((q + 1) * w + out_.w - 1) / out_.w;
+          const float scale = 1.0f / static_cast<float>((h1 - h0) * (w1 - w0));
+          const std::size_t yi = (p * out_.h + r) * out_.w + q;
+          for (std::size_t ih = h0; ih < h1; ++ih)
+            for (std::size_t iw = w0; iw < w1; ++iw) f((p * h + ih) * w + iw, yi, scale);
+        }
+  }
+
+  Size2 out_;
+  const void* x_ = nullptr;
+  int x_type_ = 0;
+  Shape in_shape_;
+  ActivationBuffers y_, dx_;
+  detail::Widened wide_;
+};
+
+/// nn.Flatten(): [N, d1, d2, ...] -> [N, d1 * d2 * ...] (a copy: tensors own their storage).
+class Flatten {
+ public:
+  template <ActivationType T>
+  const Tensor<T>& forward(Context&, const Tensor<T>& x) {
+    XTRAIN_CHECK(x.dimension() >= 1, ShapeError, "Flatten: input is a scalar; expected [batch, ...]");
+    in_shape_ = x.shape();
+    Tensor<T>& y = y_.get<T>();
+    y.resize({x.shape(0), x.shape(0) ? x.size() / x.shape(0) : 0});
+    std::copy(x.begin(), x.end(), y.begin());
+    return y;
+  }
+
+  template <ActivationType T>
+  const Tensor<T>& backward(Context&, const Tensor<T>& dy) {
+    XTRAIN_CHECK(dy.size() == in_shape_.elements() && dy.dimension() == 2, ShapeError, "Flatten: gradient has shape ",
+                 dy.shape().str(), ", expected [", in_shape_[0], ", ",
+                 in_shape_.elements() / std::max<std::size_t>(in_shape_[0], 1), "]");
+    Tensor<T>& dx = dx_.get<T>();
+    dx.resize(in_shape_);
+    std::copy(dy.begin(), dy.end(), dx.begin());
+    return dx;
+  }
+
+  template <class V>
+  void visit(V&) {}
+
+  std::string describe() const { return "Flatten(start_dim=1, end_dim=-1)"; }
+
+ private:
+  Shape in_shape_;
+  ActivationBuffers y_, dx_;
+};
+
+}  // namespace xtrain::layers

@@ -1,0 +1,370 @@
+// Convolutional layers (layers/conv2d.hpp, pooling.hpp, batch_norm.hpp's BatchNorm2d, resnet.hpp):
+//  - PyTorch parity: forward, input gradient, every parameter gradient and the running statistics
+//    against values PyTorch 1.13 computed from the same weights (tests/fixtures/make_cnn_fixture.py;
+//    no torch needed here), for stride/padding/dilation/groups/depthwise/1x1 convolutions, max and
+//    average pooling with and without padding, global pooling, BatchNorm2d and both kinds of
+//    BasicBlock;
+//  - Conv2d against its scalar twin (kernels/reference/conv.hpp) on odd shapes;
+//  - gradcheck of every new layer; bf16/fp16 close to fp32; the errors a user meets.
+// The hidden "[.export_cnn]" test writes the example's three models, trained 2 steps, for
+// tests/torch_cnn_interop.py (ctest interop.torch_cnn_<model>).
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "../../examples/cnn_models.hpp"
+#include "layers/helpers.hpp"
+#include "parity.hpp"
+#include "support.hpp"
+#include "xtrain/kernels/reference/conv.hpp"
+#include "xtrain/testing/gradcheck.hpp"
+#include "xtrain/xtrain.hpp"
+
+using namespace xtrain;
+using namespace xtrain::test;
+namespace nn = xtrain::layers;
+
+namespace {
+Matrix cnn_fixture(const std::string& name) { return fixture_tensor("cnn", name); }
+
+/// Loads <fixture>.init.* into the module's parameters and float buffers, runs forward (training)
+/// and backward of sum(y * dy), and compares y, dx, every parameter gradient and every running
+/// statistic with PyTorch's.
+template <class M>
+void check_against_torch(M& module, const std::string& fixture) {
+  INFO("fixture " << fixture);
+  std::vector<std::string> params;
+  visit_parameters(module, [&](const std::string& name, Param& p, ParamKind) {
+    const Matrix init = cnn_fixture(fixture + ".init." + name);
+    INFO(name);
+    REQUIRE(init.shape().to_vector() == p.shape());
+    std::copy(init.begin(), init.end(), p.values().begin());
+    std::fill(p.grads().begin(), p.grads().end(), 0.0f);
+    params.push_back(name);
+  });
+  std::vector<std::string> stats;
+  visit_buffers(module, [&]<class B>(const std::string& name, B& b) {
+    if constexpr (std::is_same_v<B, Tensor<float>>) {
+      const Matrix init = cnn_fixture(fixture + ".init." + name);
+      REQUIRE(init.shape() == b.shape());
+      std::copy(init.begin(), init.end(), b.begin());
+      stats.push_back(name);
+    }
+  });
+  const Matrix x = cnn_fixture(fixture + ".x"), dy = cnn_fixture(fixture + ".dy");
+  Context ctx;
+  const Matrix y = module.forward(ctx, x);
+  require_parity("y", y, cnn_fixture(fixture + ".y"));
+  const Matrix dx = module.backward(ctx, dy);
+  require_parity("dx", dx, cnn_fixture(fixture + ".dx"));
+  visit_parameters(module, [&](const std::string& name, Param& p, ParamKind) {
+    require_parity("grad " + name, std::span<const float>(p.grads()), cnn_fixture(fixture + ".grad." + name));
+  });
+  visit_buffers(module, [&]<class B>(const std::string& name, B& b) {
+    if constexpr (std::is_same_v<B, Tensor<float>>)
+      require_parity(name + " after", b, cnn_fixture(fixture + ".after." + name));
+  });
+}
+
+/// Inputs at least 0.05 away from 0 (ReLU's kink) and from each other (max pooling's ties).
+Matrix distinct_input(const Shape& shape, std::uint64_t seed) {
+  Matrix x = random_tensor(shape, seed);
+  for (std::size_t i = 0; i < x.size(); ++i)
+    x[i] = (x[i] >= 0 ? 0.05f : -0.05f) + x[i] + 1e-3f * static_cast<float>(i % 97);
+  return x;
+}
+}  // namespace
+
+TEST_CASE("Conv2d matches PyTorch: stride, padding, dilation, groups, depthwise, 1x1", "[conv][parity]") {
+  SECTION("Conv2d(3, 4, 3)") {
+    nn::Conv2d c{3, 4, 3};
+    check_against_torch(c, "conv_basic");
+  }
+  SECTION("Conv2d(3, 6, (3, 2), stride=2, padding=1)") {
+    nn::Conv2d c{3, 6, {3, 2}, 2, 1};
+    check_against_torch(c, "conv_stride_pad");
+  }
+  SECTION("Conv2d(2, 4, 3, padding=2, dilation=2, bias=False)") {
+    nn::Conv2d c{2, 4, 3, 1, 2, 2, 1, false};
+    check_against_torch(c, "conv_dilation");
+  }
+  SECTION("Conv2d(4, 6, 3, padding=1, groups=2)") {
+    nn::Conv2d c{4, 6, 3, 1, 1, 1, 2};
+    check_against_torch(c, "conv_groups");
+  }
+  SECTION("depthwise Conv2d(4, 4, 3, stride=2, padding=1, groups=4)") {
+    nn::Conv2d c{4, 4, 3, 2, 1, 1, 4};
+    check_against_torch(c, "conv_depthwise");
+  }
+  SECTION("Conv2d(4, 8, 1, stride=2, bias=False)") {
+    nn::Conv2d c{4, 8, 1, 2, 0, 1, 1, false};
+    check_against_torch(c, "conv_1x1_stride");
+  }
+}
+
+TEST_CASE("Pooling, BatchNorm2d and BasicBlock match PyTorch", "[conv][parity]") {
+  SECTION("MaxPool2d(2)") {
+    nn::MaxPool2d m{2};
+    check_against_torch(m, "maxpool");
+  }
+  SECTION("MaxPool2d(3, stride=2, padding=1): overlapping windows sum their gradients") {
+    nn::MaxPool2d m{3, 2, 1};
+    check_against_torch(m, "maxpool_pad");
+  }
+  SECTION("AvgPool2d(2)") {
+    nn::AvgPool2d m{2};
+    check_against_torch(m, "avgpool");
+  }
+  SECTION("AvgPool2d(3, stride=2, padding=1), padding counted") {
+    nn::AvgPool2d m{3, 2, 1};
+    check_against_torch(m, "avgpool_pad");
+  }
+  SECTION("AdaptiveAvgPool2d(1)") {
+    nn::AdaptiveAvgPool2d m{1};
+    check_against_torch(m, "adaptive");
+  }
+  SECTION("BatchNorm2d(3), training: batch statistics over N, H, W; running statistics") {
+    nn::BatchNorm2d bn{3};
+    check_against_torch(bn, "bn2d");
+  }
+  SECTION("BasicBlock(4, 8, stride=2) with its downsample shortcut") {
+    nn::BasicBlock b{4, 8, 2};
+    REQUIRE(b.has_downsample());
+    check_against_torch(b, "block_down");
+  }
+  SECTION("BasicBlock(4, 4): identity shortcut") {
+    nn::BasicBlock b{4, 4};
+    REQUIRE(!b.has_downsample());
+    check_against_torch(b, "block_identity");
+  }
+}
+
+TEST_CASE("Conv2d equals its scalar twin on odd shapes", "[conv]") {
+  struct Case {
+    std::size_t n, c, o, h, w;
+    nn::Size2 kernel, stride, padding, dilation;
+    std::size_t groups;
+    bool bias;
+  };
+  const std::vector<Case> cases = {
+      {3, 5, 7, 11, 9, 3, 1, 1, 1, 1, true},  // odd sizes, "same" padding
+      {2, 6, 4, 10, 13, {5, 3}, {2, 3}, {2, 1}, 1, 2, true},
+      {1, 3, 9, 17, 17, 3, 2, 0, 2, 3, false},  // dilation and groups
+      {2, 8, 8, 9, 7, 3, 1, 1, 1, 8, true},     // depthwise
+      {2, 16, 33, 5, 6, 1, 1, 0, 1, 1, true},   // pointwise: no im2col
+      {2, 1, 40, 28, 28, 5, 1, 2, 1, 1, true},  // LeNet's first layer, N above the GEMM's panel
+      {1, 4, 3, 3, 3, 3, 1, 3, 1, 1, false},    // padding wider than the input
+  };
+  for (const Case& t : cases) {
+    INFO("N=" << t.n << " C=" << t.c << " O=" << t.o << " " << t.h << "x" << t.w << " k=" << t.kernel.str()
+              << " s=" << t.stride.str() << " p=" << t.padding.str() << " d=" << t.dilation.str() << " g=" << t.groups);
+    set_seed(5);
+    nn::Conv2d conv{t.c, t.o, t.kernel, t.stride, t.padding, t.dilation, t.groups, t.bias};
+    const Matrix x = random_tensor({t.n, t.c, t.h, t.w}, 9);
+    Context ctx;
+    const Matrix y = conv.forward(ctx, x);
+    kernels::Window g{t.kernel, t.stride, t.padding, t.dilation};
+    REQUIRE(g.set_input(t.h, t.w));
+    Matrix ref({t.n, t.o, g.oh, g.ow});
+    REQUIRE(y.shape() == ref.shape());
+    kernels::reference::conv2d_forward(x.data(), conv.weight().data(), t.bias ? conv.bias().data() : nullptr,
+                                       ref.data(), t.n, t.c, t.o, t.groups, g);
+    require_parity("y", y, ref);
+    const Matrix dy = random_tensor(y.shape(), 10);
+    const Matrix dx = conv.backward(ctx, dy);
+    Matrix ref_dx(x.shape());
+    std::vector<float> ref_dw(conv.weight().size()), ref_db(t.o);
+    kernels::reference::conv2d_backward(x.data(), conv.weight().data(), dy.data(), ref_dx.data(), ref_dw.data(),
+                                        t.bias ? ref_db.data() : nullptr, t.n, t.c, t.o, t.groups, g);
+    require_parity("dx", dx, ref_dx);
+    require_parity("dw", std::span<const float>(conv.weight().grads()), Matrix({ref_dw.size()}, ref_dw));
+    if (t.bias) require_parity("db", std::span<const float>(conv.bias().grads()), Matrix({t.o}, ref_db));
+  }
+}
+
+TEST_CASE("gradcheck passes for the convolutional layers", "[conv][gradcheck]") {
+  set_seed(3);
+  SECTION("Conv2d with stride, padding, dilation and groups") {
+    nn::Conv2d c{4, 6, 3, 2, 2, 2, 2};
+    require_gradcheck(testing::gradcheck(c, random_tensor({2, 4, 7, 6}, 1)));
+  }
+  SECTION("MaxPool2d(3, stride=2, padding=1)") {
+    nn::MaxPool2d m{3, 2, 1};
+    require_gradcheck(testing::gradcheck(m, distinct_input({2, 2, 7, 7}, 2), {.eps = 1e-3f}));
+  }
+  SECTION("AvgPool2d(3, stride=2, padding=1), padding not counted") {
+    nn::AvgPool2d m{3, 2, 1};
+    m.count_include_pad(false);
+    require_gradcheck(testing::gradcheck(m, random_tensor({2, 2, 7, 7}, 3)));
+  }
+  SECTION("AdaptiveAvgPool2d(2) on a 5 x 7 plane (uneven windows)") {
+    nn::AdaptiveAvgPool2d m{2};
+    require_gradcheck(testing::gradcheck(m, random_tensor({2, 3, 5, 7}, 4)));
+  }
+  SECTION("BatchNorm2d, training") {
+    nn::BatchNorm2d bn{3};
+    for (float& w : bn.weight().values()) w = 1.5f;
+    require_gradcheck(testing::gradcheck(bn, random_tensor({3, 3, 4, 5}, 5)));
+  }
+  SECTION("BasicBlock with a downsample, training") {
+    nn::BasicBlock b{2, 4, 2};
+    // BatchNorm centres the ReLUs' inputs on their kink; shifted by +3 they stay clear of it.
+    for (nn::BatchNorm2d* bn : {&b.bn1(), &b.bn2()})
+      for (float& v : bn->bias().values()) v = 3.0f;
+    require_gradcheck(testing::gradcheck(b, distinct_input({3, 2, 6, 6}, 6), {.rtol = 3e-2, .atol = 3e-3}));
+  }
+  SECTION("Flatten") {
+    nn::Flatten f;
+    require_gradcheck(testing::gradcheck(f, random_tensor({2, 3, 2, 2}, 7)));
+  }
+}
+
+TEMPLATE_TEST_CASE("A small CNN in 16-bit activations stays close to fp32", "[conv][precision]", bf16, fp16) {
+  auto make = [] {
+    set_seed(8);
+    // No bias before BatchNorm: its gradient is 0 in exact arithmetic, rounding noise in any other.
+    // Average pooling: a max pooling's choice may flip under rounding (a discontinuity, not an
+    // error), which the next test covers.
+    return nn::Sequential{nn::Conv2d{2, 8, 3, 1, 1, 1, 1, false},
+                          nn::BatchNorm2d{8},
+                          nn::ReLU{},
+                          nn::AvgPool2d{2},
+                          nn::BasicBlock{8, 16, 2},
+                          nn::AdaptiveAvgPool2d{1},
+                          nn::Flatten{},
+                          nn::Linear{16, 5}};
+  };
+  auto m32 = make();
+  auto m16 = make();
+  const Matrix x = random_tensor({4, 2, 8, 8}, 11);
+  Tensor<TestType> x16(x.shape());
+  kernels::from_float(x.data(), x16.data(), x.size());
+  Context ctx;
+  const Matrix y32 = m32.forward(ctx, x);
+  const Tensor<TestType>& y16 = m16.forward(ctx, x16);
+  REQUIRE(y16.shape() == y32.shape());
+  Matrix y16f(y16.shape());
+  kernels::to_float(y16.data(), y16f.data(), y16.size());
+  float scale = 0, diff = 0;
+  for (std::size_t i = 0; i < y32.size(); ++i) {
+    scale = std::max(scale, std::abs(y32[i]));
+    diff = std::max(diff, std::abs(y32[i] - y16f[i]));
+  }
+  INFO("max |y16 - y32| " << diff << " of max |y32| " << scale);
+  REQUIRE(diff <= 0.05f * scale);
+  const Matrix dy = random_tensor(y32.shape(), 12);
+  Tensor<TestType> dy16(dy.shape());
+  kernels::from_float(dy.data(), dy16.data(), dy.size());
+  ctx.input_grad = false;
+  m32.backward(ctx, dy);
+  m16.backward(ctx, dy16);
+  std::vector<std::vector<float>> g32, g16;
+  visit_parameters(
+      m32, [&](const std::string&, Param& p, ParamKind) { g32.emplace_back(p.grads().begin(), p.grads().end()); });
+  visit_parameters(
+      m16, [&](const std::string&, Param& p, ParamKind) { g16.emplace_back(p.grads().begin(), p.grads().end()); });
+  REQUIRE(g32.size() == g16.size());
+  for (std::size_t t = 0; t < g32.size(); ++t) {
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < g32[t].size(); ++i) {
+      num += (g32[t][i] - g16[t][i]) * (g32[t][i] - g16[t][i]);
+      den += g32[t][i] * g32[t][i];
+    }
+    // bf16 keeps 8 significant bits: a ReLU input near 0 may change sides, and BatchNorm's bias
+    // gradient (a sum of terms that nearly cancel) shows it most.
+    const double tolerance = std::is_same_v<TestType, bf16> ? 0.1 : 0.03;
+    INFO("parameter " << t << ": relative error " << std::sqrt(num / den));
+    REQUIRE(std::sqrt(num / den) <= tolerance);
+  }
+}
+
+TEMPLATE_TEST_CASE("MaxPool2d in 16-bit picks the maximum of the rounded values, exactly", "[conv][precision]", bf16,
+                   fp16) {
+  const Matrix x = random_tensor({2, 3, 7, 7}, 13);
+  Tensor<TestType> x16(x.shape());
+  kernels::from_float(x.data(), x16.data(), x.size());
+  Matrix rounded(x.shape());
+  kernels::to_float(x16.data(), rounded.data(), x.size());
+  nn::MaxPool2d a{3, 2, 1}, b{3, 2, 1};
+  Context ctx;
+  const Matrix y32 = a.forward(ctx, rounded);
+  const Tensor<TestType>& y16 = b.forward(ctx, x16);
+  Matrix widened(y16.shape());
+  kernels::to_float(y16.data(), widened.data(), y16.size());
+  REQUIRE(widened == y32);
+  const Matrix dy = random_tensor(y32.shape(), 14);
+  Tensor<TestType> dy16(dy.shape());
+  kernels::from_float(dy.data(), dy16.data(), dy.size());
+  Matrix dy_rounded(dy.shape());
+  kernels::to_float(dy16.data(), dy_rounded.data(), dy.size());
+  const Matrix dx32 = a.backward(ctx, dy_rounded);
+  const Tensor<TestType>& dx16 = b.backward(ctx, dy16);
+  Matrix dx_widened(dx16.shape()), dx_expected(dx32.shape());
+  kernels::to_float(dx16.data(), dx_widened.data(), dx16.size());
+  Tensor<TestType> round_trip(dx32.shape());  // a sum of two overlapping windows' gradients rounds once
+  kernels::from_float(dx32.data(), round_trip.data(), dx32.size());
+  kernels::to_float(round_trip.data(), dx_expected.data(), dx32.size());
+  REQUIRE(dx_widened == dx_expected);
+}
+
+TEST_CASE("Convolutional layers say what is wrong", "[conv][errors]") {
+  Context ctx;
+  nn::Conv2d conv{3, 8, 3};
+  CHECK_THROWS_WITH(
+      conv.forward(ctx, Matrix({2, 784})),
+      Catch::Contains(
+          "Conv2d(3, 8, kernel_size=3, stride=1): input has shape [2, 784], expected [batch, 3, height, width]"));
+  CHECK_THROWS_WITH(conv.forward(ctx, Matrix({2, 3, 2, 2})), Catch::Contains("does not fit the padded input of 2 x 2"));
+  CHECK_THROWS_WITH((nn::Conv2d{6, 4, 3, 1, 0, 1, 4}),
+                    Catch::Contains("groups=4 must divide in_channels (6) and out_channels (4)"));
+  CHECK_THROWS_WITH(nn::MaxPool2d(2, 2, 2), Catch::Contains("padding should be at most half of the kernel size"));
+  nn::BatchNorm2d bn{4};
+  CHECK_THROWS_WITH(bn.forward(ctx, Matrix({2, 4})),
+                    Catch::Contains("BatchNorm2d(4): input has shape [2, 4], expected [batch, 4, height, width]"));
+  nn::MaxPool2d pool{2};
+  CHECK_THROWS_WITH(pool.backward(ctx, Matrix({1, 1, 2, 2})), Catch::Contains("backward called before forward"));
+}
+
+namespace {
+/// Trains `model` 2 Adam steps on 8 fixed images, then writes DIR/model.safetensors, a fixed
+/// input [4, 1, 28, 28] (DIR/input.f32) and the model's logits for it in evaluation mode
+/// (DIR/logits.f32).
+template <class Model>
+void export_cnn(Model model, const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  Trainer trainer{std::move(model), optim::Adam{}.lr(1e-2f), TrainerOptions{}.verbose(false)};
+  const Matrix batch = random_tensor({8, 1, 28, 28}, 21);
+  std::vector<std::int32_t> labels(8);
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>(i % 10);
+  for (int step = 0; step < 2; ++step)
+    trainer.train_step(batch, std::span<const std::int32_t>(labels), 0, labels.size());
+  trainer.save_model(dir + "/model.safetensors");
+  const Matrix x = random_tensor({4, 1, 28, 28}, 22);
+  Context ctx;
+  ctx.training = false;
+  const Matrix& logits = trainer.model().forward(ctx, x);
+  REQUIRE(logits.shape() == Shape{4, 10});
+  auto write = [&](const std::string& name, const Matrix& t) {
+    std::ofstream out(dir + "/" + name, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * sizeof(float)));
+    REQUIRE(out.good());
+  };
+  write("input.f32", x);
+  write("logits.f32", logits);
+}
+}  // namespace
+
+TEST_CASE("Export the CNN example's models for PyTorch", "[.export_cnn]") {
+  const char* dir_env = std::getenv("XTRAIN_EXPORT_DIR");
+  REQUIRE(dir_env != nullptr);
+  const std::string dir = dir_env;
+  set_seed(4);
+  export_cnn(cnn_models::lenet(), dir + "/lenet");
+  export_cnn(cnn_models::convbn(), dir + "/convbn");
+  export_cnn(cnn_models::resnet(), dir + "/resnet");
+}
