@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -310,6 +311,28 @@ TEMPLATE_TEST_CASE("MaxPool2d in 16-bit picks the maximum of the rounded values,
   kernels::from_float(dx32.data(), round_trip.data(), dx32.size());
   kernels::to_float(round_trip.data(), dx_expected.data(), dx32.size());
   REQUIRE(dx_widened == dx_expected);
+}
+
+TEST_CASE("Pooling and BatchNorm2d edge cases: NaN, windows in the padding, an empty batch", "[conv]") {
+  Context ctx;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  nn::MaxPool2d pool{2};
+  Matrix x({1, 1, 2, 4});
+  x.assign({1, nan, 3, 4, 0, 0, 0, 0});
+  const Matrix y = pool.forward(ctx, x);  // NaN propagates, as in PyTorch (2 x 2 fast path included)
+  REQUIRE(std::isnan(y[0]));
+  REQUIRE(y[1] == 4.0f);
+  const Matrix image({1, 1, 5, 5}), tiny({1, 1, 2, 2});  // alive until backward, as the layers need
+  nn::MaxPool2d dilated{2, 1, 1, 3};                     // its only window reads rows and columns -1 and 2: padding
+  REQUIRE(dilated.forward(ctx, tiny).shape() == Shape{1, 1, 1, 1});
+  REQUIRE(dilated.backward(ctx, Matrix({1, 1, 1, 1}, {1.0f})) == Matrix({1, 1, 2, 2}));
+  nn::Conv2d conv{1, 2, 3};
+  conv.forward(ctx, image);
+  CHECK_THROWS_AS(conv.forward(ctx, tiny), ShapeError);
+  REQUIRE(conv.backward(ctx, Matrix({1, 2, 3, 3})).shape() == Shape{1, 1, 5, 5});  // the valid forward's geometry
+  nn::BatchNorm2d bn{3};
+  ctx.training = false;
+  REQUIRE(bn.forward(ctx, Matrix({0, 3, 4, 4})).size() == 0);
 }
 
 TEST_CASE("Convolutional layers say what is wrong", "[conv][errors]") {

@@ -129,7 +129,12 @@ class BatchNorm {
     const bool ok = Dims == 1 ? (x.dimension() == 2 || x.dimension() == 3) : x.dimension() == 4;
     XTRAIN_CHECK(ok && x.shape(1) == features_, ShapeError, describe(), ": input has shape ", x.shape().str(),
                  ", expected [batch, ", features_, Dims == 1 ? "] or [batch, features, length]" : ", height, width]");
-    return x.size() / (x.shape(0) * features_);
+    return spatial_size(x.shape());
+  }
+  static std::size_t spatial_size(const Shape& s) {
+    std::size_t n = 1;
+    for (std::size_t i = 2; i < s.rank(); ++i) n *= s[i];
+    return n;
   }
 
   // Writes y (fp32); keeps x-hat and the statistics for backward.
@@ -212,7 +217,7 @@ class BatchNorm {
   }
 
   const Matrix& backward_f32(Context& ctx, const Matrix& dy, Matrix& dx) {
-    const std::size_t n = xhat_.shape(0), c = features_, sp = xhat_.size() / (n * c);
+    const std::size_t n = xhat_.shape(0), c = features_, sp = spatial_size(xhat_.shape());
     XTRAIN_CHECK(dy.shape() == xhat_.shape(), ShapeError, describe(), ": gradient has shape ", dy.shape().str(),
                  ", expected ", xhat_.shape().str());
     std::vector<double>& sum = scratch_;

@@ -72,10 +72,12 @@ class Conv2d {
   const Tensor<T>& forward(Context&, const Tensor<T>& x) {
     XTRAIN_CHECK(x.dimension() == 4 && x.shape(1) == in_, ShapeError, describe(), ": input has shape ", x.shape().str(),
                  ", expected [batch, ", in_, ", height, width]");
-    XTRAIN_CHECK(window_.set_input(x.shape(2), x.shape(3)), ShapeError, describe(), ": the kernel (dilated to ",
+    kernels::Window geometry = window_;  // kept as it was (for a pending backward) unless valid
+    XTRAIN_CHECK(geometry.set_input(x.shape(2), x.shape(3)), ShapeError, describe(), ": the kernel (dilated to ",
                  window_.dilation.h * (window_.kernel.h - 1) + 1, " x ",
                  window_.dilation.w * (window_.kernel.w - 1) + 1, ") does not fit the padded input of ", x.shape(2),
                  " x ", x.shape(3));
+    window_ = geometry;
     const std::size_t n = x.shape(0), plane = window_.out_plane(), og = out_ / groups_, kg = fan_in();
     Tensor<T>& y = y_.get<T>();
     y.resize({n, out_, window_.oh, window_.ow});

@@ -63,8 +63,10 @@ template <class T>
 void check_image(const Tensor<T>& x, kernels::Window& window, const std::string& who) {
   XTRAIN_CHECK(x.dimension() == 4, ShapeError, who, ": input has shape ", x.shape().str(),
                ", expected [batch, channels, height, width]");
-  XTRAIN_CHECK(window.set_input(x.shape(2), x.shape(3)), ShapeError, who,
-               ": the window does not fit the padded input of ", x.shape(2), " x ", x.shape(3));
+  kernels::Window w = window;  // the layer keeps its last geometry unless this one is valid
+  XTRAIN_CHECK(w.set_input(x.shape(2), x.shape(3)), ShapeError, who, ": the window does not fit the padded input of ",
+               x.shape(2), " x ", x.shape(3));
+  window = w;
 }
 
 /// Backward's common checks: forward ran, in the same type, and dy has the output's shape.
@@ -117,6 +119,7 @@ class MaxPool2d {
           // Branch-free (random data defeats the branch predictor); ties go to the first in
           // PyTorch's scan order: row 0 before row 1, left before right.
           const auto base = static_cast<std::int32_t>(2 * r * g.w), w = static_cast<std::int32_t>(g.w);
+          std::int32_t nan = 0;  // a NaN in the row: redone by the general loop, which propagates it
           for (std::size_t q = 0; q < g.ow; ++q) {
             const std::size_t c = 2 * q;
             const float a = r0[c], b = r0[c + 1], d = r0[g.w + c], e = r0[g.w + c + 1];
@@ -128,8 +131,10 @@ class MaxPool2d {
             const std::int32_t lower = bottom > top;
             yp[r * g.ow + q] = std::max(top, bottom);
             ap[r * g.ow + q] = base + top_i + lower * (bottom_i - top_i);
+            nan |= static_cast<std::int32_t>(a != a) | static_cast<std::int32_t>(b != b) |
+                   static_cast<std::int32_t>(d != d) | static_cast<std::int32_t>(e != e);
           }
-          continue;
+          if (!nan) continue;
         }
         for (std::size_t q = 0; q < g.ow; ++q) {
           float v = -std::numeric_limits<float>::infinity();
@@ -176,7 +181,8 @@ class MaxPool2d {
       const std::int32_t* ap = argmax_.data() + p * out;
       float* dp = pdx + p * in;
       const float* gp = pd + p * out;
-      for (std::size_t i = 0; i < out; ++i) dp[ap[i]] += gp[i];
+      for (std::size_t i = 0; i < out; ++i)
+        if (ap[i] >= 0) dp[ap[i]] += gp[i];  // -1: a (dilated) window entirely in the padding
     }
     wide_.finish(dx);
     return dx;
@@ -378,9 +384,10 @@ class Flatten {
 
   template <ActivationType T>
   const Tensor<T>& backward(Context&, const Tensor<T>& dy) {
-    XTRAIN_CHECK(dy.size() == in_shape_.elements() && dy.dimension() == 2, ShapeError, "Flatten: gradient has shape ",
-                 dy.shape().str(), ", expected [", in_shape_[0], ", ",
-                 in_shape_.elements() / std::max<std::size_t>(in_shape_[0], 1), "]");
+    XTRAIN_CHECK(in_shape_.rank() > 0, ValueError, "Flatten: backward called before forward");
+    const Shape expected{in_shape_[0], in_shape_.elements() / std::max<std::size_t>(in_shape_[0], 1)};
+    XTRAIN_CHECK(dy.shape() == expected, ShapeError, "Flatten: gradient has shape ", dy.shape().str(), ", expected ",
+                 expected.str());
     Tensor<T>& dx = dx_.get<T>();
     dx.resize(in_shape_);
     std::copy(dy.begin(), dy.end(), dx.begin());

@@ -70,16 +70,14 @@ class BasicBlock {
   const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
     const bool want_input_grad = ctx.input_grad;
     const Tensor<T>& dsum = relu2_.backward(ctx, dy);
+    // The shortcut first: reverse visit order, so that gradient buckets fill in order.
+    const Tensor<T>* dshort = &dsum;
+    if (downsample_) dshort = &xtrain::backward(ctx, *downsample_, dsum);
     ctx.input_grad = true;
     const Tensor<T>& d2 = xtrain::backward(ctx, conv2_, xtrain::backward(ctx, bn2_, dsum));
     const Tensor<T>& d1 = xtrain::backward(ctx, bn1_, relu1_.backward(ctx, d2));
     ctx.input_grad = want_input_grad;
     const Tensor<T>& dbody = xtrain::backward(ctx, conv1_, d1);
-    const Tensor<T>* dshort = &dsum;
-    if (downsample_) {
-      dshort = &xtrain::backward(ctx, *downsample_, dsum);
-      ctx.input_grad = want_input_grad;
-    }
     Tensor<T>& dx = dx_.get<T>();
     if (!want_input_grad) {
       dx.resize({0});
