@@ -88,6 +88,32 @@ void BM_Linear(benchmark::State& state) {
       benchmark::Counter(6e-9 * static_cast<double>(n * in * out), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// Conv2d(in, out, 3, padding 1) forward + backward on [64, in, hw, hw] images (the convbn
+// example's layers); the first layer (in == 1) computes no input gradient, as in training.
+template <class T>
+void BM_Conv2d(benchmark::State& state) {
+  const auto in = static_cast<std::size_t>(state.range(0)), out = static_cast<std::size_t>(state.range(1)),
+             hw = static_cast<std::size_t>(state.range(2)), n = std::size_t{64};
+  xtrain::set_seed(1);
+  nn::Conv2d conv{in, out, 3, 1, 1};
+  xtrain::Tensor<T> x({n, in, hw, hw}), dy({n, out, hw, hw});
+  const auto xv = random_values<T>(x.size(), 1.0f, 5), dv = random_values<T>(dy.size(), 0.01f, 6);
+  std::copy(xv.begin(), xv.end(), x.data());
+  std::copy(dv.begin(), dv.end(), dy.data());
+  xtrain::Context ctx;
+  ctx.input_grad = in > 1;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(conv.forward(ctx, x).data());
+    benchmark::DoNotOptimize(conv.backward(ctx, dy).data());
+  }
+  const double products = ctx.input_grad ? 3.0 : 2.0;  // forward, weight gradient, input gradient
+  state.counters["GFLOPS"] = benchmark::Counter(products * 2e-9 * static_cast<double>(n * out * in * 9 * hw * hw),
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+void conv_shapes(benchmark::internal::Benchmark* b) {
+  b->Args({1, 32, 28})->Args({32, 32, 28})->Args({32, 64, 14})->Unit(benchmark::kMillisecond);
+}
+
 auto homework_model() {
   xtrain::set_seed(42);
   return nn::Sequential{nn::Linear{784, 32}, nn::BatchNorm1d{32}, nn::ReLU{}, nn::Linear{32, 10}};
@@ -181,6 +207,8 @@ BENCHMARK_TEMPLATE(BM_Linear, fp16)->Apply(linear_shapes);
 BENCHMARK_TEMPLATE(BM_TrainStep, float)->Apply(models);
 BENCHMARK_TEMPLATE(BM_TrainStep, bf16)->Apply(models);
 BENCHMARK_TEMPLATE(BM_TrainStep, fp16)->Apply(models);
+BENCHMARK_TEMPLATE(BM_Conv2d, float)->Apply(conv_shapes);
+BENCHMARK_TEMPLATE(BM_Conv2d, bf16)->Apply(conv_shapes);
 BENCHMARK_TEMPLATE(BM_Activation, float)->Apply(activation_shapes);
 BENCHMARK_TEMPLATE(BM_Activation, bf16)->Apply(activation_shapes);
 
