@@ -354,6 +354,43 @@ TEST_CASE("Convolutional layers say what is wrong", "[conv][errors]") {
 }
 
 namespace {
+/// Bytes of counted storage (tensors, layer buffers) a forward + backward of `model` on x
+/// allocates after two warm-up steps (memory::counters(): per thread, never decreasing).
+template <class Model, class T>
+std::int64_t allocated_once_warm(Model& model, const Tensor<T>& x) {
+  Context ctx;
+  ctx.input_grad = false;
+  Tensor<T> dy;
+  auto step = [&] {
+    const Tensor<T>& y = model.forward(ctx, x);
+    dy.resize(y.shape());
+    dy.fill(T(0.01f));
+    model.backward(ctx, dy);
+  };
+  step();
+  step();
+  const std::int64_t before = memory::counters().allocated;
+  for (int i = 0; i < 3; ++i) step();
+  return memory::counters().allocated - before;
+}
+}  // namespace
+
+TEST_CASE("The CNN example's models allocate nothing per step once warm", "[conv][memory]") {
+  set_seed(5);
+  const Matrix x = random_tensor({8, 1, 28, 28}, 31);
+  Tensor<bf16> x16(x.shape());
+  kernels::from_float(x.data(), x16.data(), x.size());
+  auto lenet = cnn_models::lenet();
+  CHECK(allocated_once_warm(lenet, x) == 0);
+  auto convbn = cnn_models::convbn();
+  CHECK(allocated_once_warm(convbn, x) == 0);
+  auto resnet = cnn_models::resnet();
+  CHECK(allocated_once_warm(resnet, x) == 0);
+  auto convbn16 = cnn_models::convbn();
+  CHECK(allocated_once_warm(convbn16, x16) == 0);
+}
+
+namespace {
 /// Trains `model` 2 Adam steps on 8 fixed images, then writes DIR/model.safetensors, a fixed
 /// input [4, 1, 28, 28] (DIR/input.f32) and the model's logits for it in evaluation mode
 /// (DIR/logits.f32).
