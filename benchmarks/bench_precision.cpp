@@ -5,9 +5,12 @@
 //   the wide model (784-1024-ReLU-10, batch 256); heap bytes per parameter and per sample;
 // - the activation table: ReLU, Tanh, Sigmoid, GELU (erf, tanh), SiLU, forward and
 //   forward+backward, fp32 and bf16, at 32x32 and 4096x1024, with the bytes each call allocates.
+// - causal attention forward + backward per (batch, positions, heads, head dimension).
 // benchmarks/compare_precision runs this next to PyTorch and prints the tables with ratios.
 #include <malloc.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -114,6 +117,40 @@ void conv_shapes(benchmark::internal::Benchmark* b) {
   b->Args({1, 32, 28})->Args({32, 32, 28})->Args({32, 64, 14})->Unit(benchmark::kMillisecond);
 }
 
+// Causal attention forward + backward (kernels/attention.hpp) over B x H heads of T positions and
+// head dimension d, q/k/v in the fused projection's layout ([B, T, 3 H d]), fp32 (the layer
+// widens 16-bit activations and runs this).
+void BM_CausalAttention(benchmark::State& state) {
+  const auto B = static_cast<std::size_t>(state.range(0)), T = static_cast<std::size_t>(state.range(1)),
+             H = static_cast<std::size_t>(state.range(2)), d = static_cast<std::size_t>(state.range(3));
+  const std::size_t C = H * d, ld = 3 * C;
+  const auto qkv = random_values<float>(B * T * ld, 1.0f, 7), dout = random_values<float>(B * T * C, 0.01f, 8);
+  std::vector<float> out(B * T * C), lse(B * H * T), g(B * T * ld), scratch(2 * xtrain::kernels::attention_scratch(T));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  for (auto _ : state) {
+    std::fill(g.begin(), g.end(), 0.0f);
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t h = 0; h < H; ++h) {
+        const float* q = qkv.data() + b * T * ld + h * d;
+        xtrain::kernels::causal_attention_forward(T, d, scale, q, q + C, q + 2 * C, ld, out.data() + b * T * C + h * d,
+                                                  C, lse.data() + (b * H + h) * T, scratch.data());
+      }
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t h = 0; h < H; ++h) {
+        const float* q = qkv.data() + b * T * ld + h * d;
+        float* gq = g.data() + b * T * ld + h * d;
+        xtrain::kernels::causal_attention_backward(T, d, scale, q, q + C, q + 2 * C, ld, out.data() + b * T * C + h * d,
+                                                   dout.data() + b * T * C + h * d, C, lse.data() + (b * H + h) * T, gq,
+                                                   gq + C, gq + 2 * C, ld, scratch.data());
+      }
+    benchmark::DoNotOptimize(g.data());
+    benchmark::ClobberMemory();
+  }
+}
+void attention_shapes(benchmark::internal::Benchmark* b) {
+  b->Args({12, 64, 4, 32})->Args({12, 256, 8, 32})->Args({4, 1024, 8, 64})->Unit(benchmark::kMillisecond);
+}
+
 auto homework_model() {
   xtrain::set_seed(42);
   return nn::Sequential{nn::Linear{784, 32}, nn::BatchNorm1d{32}, nn::ReLU{}, nn::Linear{32, 10}};
@@ -209,6 +246,7 @@ BENCHMARK_TEMPLATE(BM_TrainStep, bf16)->Apply(models);
 BENCHMARK_TEMPLATE(BM_TrainStep, fp16)->Apply(models);
 BENCHMARK_TEMPLATE(BM_Conv2d, float)->Apply(conv_shapes);
 BENCHMARK_TEMPLATE(BM_Conv2d, bf16)->Apply(conv_shapes);
+BENCHMARK(BM_CausalAttention)->Apply(attention_shapes);
 BENCHMARK_TEMPLATE(BM_Activation, float)->Apply(activation_shapes);
 BENCHMARK_TEMPLATE(BM_Activation, bf16)->Apply(activation_shapes);
 

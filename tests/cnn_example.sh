@@ -14,15 +14,8 @@ work=$3/cnn_example/$mode
 rm -rf "$work" && mkdir -p "$work"
 # shellcheck source=tests/example_env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/example_env.sh"
-run() {  # run LOG ARGS...: the example's output in LOG; exit 1 with it on failure
-  local log=$1
-  shift
-  "$@" > "$log" 2>&1 || {
-    cat "$log"
-    echo "FAIL: $* exited with $?"
-    exit 1
-  }
-}
+# shellcheck source=tests/example_run.sh
+source "$(dirname "${BASH_SOURCE[0]}")/example_run.sh"
 accuracy() { sed -n 's/^Final Test Accuracy: \([0-9.]*\)%$/\1/p' "$1"; }
 case "$mode" in
   learn)

@@ -31,47 +31,6 @@ using namespace xtrain::test;
 namespace nn = xtrain::layers;
 
 namespace {
-Matrix cnn_fixture(const std::string& name) { return fixture_tensor("cnn", name); }
-
-/// Loads <fixture>.init.* into the module's parameters and float buffers, runs forward (training)
-/// and backward of sum(y * dy), and compares y, dx, every parameter gradient and every running
-/// statistic with PyTorch's.
-template <class M>
-void check_against_torch(M& module, const std::string& fixture) {
-  INFO("fixture " << fixture);
-  std::vector<std::string> params;
-  visit_parameters(module, [&](const std::string& name, Param& p, ParamKind) {
-    const Matrix init = cnn_fixture(fixture + ".init." + name);
-    INFO(name);
-    REQUIRE(init.shape().to_vector() == p.shape());
-    std::copy(init.begin(), init.end(), p.values().begin());
-    std::fill(p.grads().begin(), p.grads().end(), 0.0f);
-    params.push_back(name);
-  });
-  std::vector<std::string> stats;
-  visit_buffers(module, [&]<class B>(const std::string& name, B& b) {
-    if constexpr (std::is_same_v<B, Tensor<float>>) {
-      const Matrix init = cnn_fixture(fixture + ".init." + name);
-      REQUIRE(init.shape() == b.shape());
-      std::copy(init.begin(), init.end(), b.begin());
-      stats.push_back(name);
-    }
-  });
-  const Matrix x = cnn_fixture(fixture + ".x"), dy = cnn_fixture(fixture + ".dy");
-  Context ctx;
-  const Matrix y = module.forward(ctx, x);
-  require_parity("y", y, cnn_fixture(fixture + ".y"));
-  const Matrix dx = module.backward(ctx, dy);
-  require_parity("dx", dx, cnn_fixture(fixture + ".dx"));
-  visit_parameters(module, [&](const std::string& name, Param& p, ParamKind) {
-    require_parity("grad " + name, std::span<const float>(p.grads()), cnn_fixture(fixture + ".grad." + name));
-  });
-  visit_buffers(module, [&]<class B>(const std::string& name, B& b) {
-    if constexpr (std::is_same_v<B, Tensor<float>>)
-      require_parity(name + " after", b, cnn_fixture(fixture + ".after." + name));
-  });
-}
-
 /// Inputs at least 0.05 away from 0 (ReLU's kink) and from each other (max pooling's ties).
 Matrix distinct_input(const Shape& shape, std::uint64_t seed) {
   Matrix x = random_tensor(shape, seed);
@@ -84,64 +43,64 @@ Matrix distinct_input(const Shape& shape, std::uint64_t seed) {
 TEST_CASE("Conv2d matches PyTorch: stride, padding, dilation, groups, depthwise, 1x1", "[conv][parity]") {
   SECTION("Conv2d(3, 4, 3)") {
     nn::Conv2d c{3, 4, 3};
-    check_against_torch(c, "conv_basic");
+    check_against_torch(c, "cnn", "conv_basic");
   }
   SECTION("Conv2d(3, 6, (3, 2), stride=2, padding=1)") {
     nn::Conv2d c{3, 6, {3, 2}, 2, 1};
-    check_against_torch(c, "conv_stride_pad");
+    check_against_torch(c, "cnn", "conv_stride_pad");
   }
   SECTION("Conv2d(2, 4, 3, padding=2, dilation=2, bias=False)") {
     nn::Conv2d c{2, 4, 3, 1, 2, 2, 1, false};
-    check_against_torch(c, "conv_dilation");
+    check_against_torch(c, "cnn", "conv_dilation");
   }
   SECTION("Conv2d(4, 6, 3, padding=1, groups=2)") {
     nn::Conv2d c{4, 6, 3, 1, 1, 1, 2};
-    check_against_torch(c, "conv_groups");
+    check_against_torch(c, "cnn", "conv_groups");
   }
   SECTION("depthwise Conv2d(4, 4, 3, stride=2, padding=1, groups=4)") {
     nn::Conv2d c{4, 4, 3, 2, 1, 1, 4};
-    check_against_torch(c, "conv_depthwise");
+    check_against_torch(c, "cnn", "conv_depthwise");
   }
   SECTION("Conv2d(4, 8, 1, stride=2, bias=False)") {
     nn::Conv2d c{4, 8, 1, 2, 0, 1, 1, false};
-    check_against_torch(c, "conv_1x1_stride");
+    check_against_torch(c, "cnn", "conv_1x1_stride");
   }
 }
 
 TEST_CASE("Pooling, BatchNorm2d and BasicBlock match PyTorch", "[conv][parity]") {
   SECTION("MaxPool2d(2)") {
     nn::MaxPool2d m{2};
-    check_against_torch(m, "maxpool");
+    check_against_torch(m, "cnn", "maxpool");
   }
   SECTION("MaxPool2d(3, stride=2, padding=1): overlapping windows sum their gradients") {
     nn::MaxPool2d m{3, 2, 1};
-    check_against_torch(m, "maxpool_pad");
+    check_against_torch(m, "cnn", "maxpool_pad");
   }
   SECTION("AvgPool2d(2)") {
     nn::AvgPool2d m{2};
-    check_against_torch(m, "avgpool");
+    check_against_torch(m, "cnn", "avgpool");
   }
   SECTION("AvgPool2d(3, stride=2, padding=1), padding counted") {
     nn::AvgPool2d m{3, 2, 1};
-    check_against_torch(m, "avgpool_pad");
+    check_against_torch(m, "cnn", "avgpool_pad");
   }
   SECTION("AdaptiveAvgPool2d(1)") {
     nn::AdaptiveAvgPool2d m{1};
-    check_against_torch(m, "adaptive");
+    check_against_torch(m, "cnn", "adaptive");
   }
   SECTION("BatchNorm2d(3), training: batch statistics over N, H, W; running statistics") {
     nn::BatchNorm2d bn{3};
-    check_against_torch(bn, "bn2d");
+    check_against_torch(bn, "cnn", "bn2d");
   }
   SECTION("BasicBlock(4, 8, stride=2) with its downsample shortcut") {
     nn::BasicBlock b{4, 8, 2};
     REQUIRE(b.has_downsample());
-    check_against_torch(b, "block_down");
+    check_against_torch(b, "cnn", "block_down");
   }
   SECTION("BasicBlock(4, 4): identity shortcut") {
     nn::BasicBlock b{4, 4};
     REQUIRE(!b.has_downsample());
-    check_against_torch(b, "block_identity");
+    check_against_torch(b, "cnn", "block_identity");
   }
 }
 

@@ -23,6 +23,14 @@ template <class L>
 concept HasBackward = requires(L& layer, Context& ctx, const Matrix& dy) {
   { layer.backward(ctx, dy) } -> std::convertible_to<const Matrix&>;
 };
+/// A model whose input is token ids (`Tensor<std::int32_t>`, a language model's first layer is an
+/// Embedding): the activation type of its output cannot be deduced from the input, so forward is
+/// called as `m.template forward<T>(ctx, ids)`.
+template <class L, class T>
+concept TokenModuleFor = requires(L& layer, Context& ctx, const Tensor<std::int32_t>& ids, const Tensor<T>& dy) {
+  { layer.template forward<T>(ctx, ids) } -> std::same_as<const Tensor<T>&>;
+  { layer.backward(ctx, dy) } -> std::same_as<const Tensor<T>&>;
+};
 template <class L>
 concept HasVisit = requires(L& layer, detail::VisitorArchetype& v) {
   layer.visit(v);
@@ -30,16 +38,17 @@ concept HasVisit = requires(L& layer, detail::VisitorArchetype& v) {
 
 /// Module: `forward(ctx, x) -> const Tensor<float>&`, `backward(ctx, dy) -> const Tensor<float>&`
 /// (ADDS into its parameter gradients), `visit(v)` (parameters, buffers, children, identity: see
-/// core/module.hpp).
+/// core/module.hpp). A model of token ids has `forward<T>(ctx, ids)` instead (TokenModuleFor).
 template <class L>
-concept Module = HasForward<L> && HasBackward<L> && HasVisit<L>;
+concept Module = (HasForward<L> || TokenModuleFor<L, float>)&&HasBackward<L>&& HasVisit<L>;
 
 /// Fails compilation with a message naming the first missing Module member.
 template <class L>
 consteval bool check_module() {
-  static_assert(HasForward<L>,
+  static_assert(HasForward<L> || TokenModuleFor<L, float>,
                 "xtrain: this type is not a Module: it has no member "
-                "`const Tensor<float>& forward(Context&, const Tensor<float>&)`");
+                "`const Tensor<float>& forward(Context&, const Tensor<float>&)` (nor, for a model of token ids, "
+                "`template <ActivationType T> const Tensor<T>& forward(Context&, const Tensor<std::int32_t>&)`)");
   static_assert(HasBackward<L>,
                 "xtrain: this type is not a Module: it has no member "
                 "`const Tensor<float>& backward(Context&, const Tensor<float>& dy)`");
@@ -57,7 +66,8 @@ concept ModuleFor = (std::same_as<T, float> && HasForward<L> && HasBackward<L>) 
                     requires(L& layer, Context& ctx, const Tensor<T>& x) {
   { layer.forward(ctx, x) } -> std::same_as<const Tensor<T>&>;
   { layer.backward(ctx, x) } -> std::same_as<const Tensor<T>&>;
-};
+}
+|| TokenModuleFor<L, T>;
 
 /// Fails compilation with a readable message when a module cannot run with T activations.
 template <class L, class T>

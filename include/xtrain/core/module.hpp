@@ -160,6 +160,17 @@ decltype(auto) forward(Context& ctx, M& module, const X& x) {
   return module.forward(ctx, x);
 }
 
+/// Runs `module.forward<T>(ctx, ids)` for a module of token ids (an Embedding, a language model),
+/// its output stored as T (recorded by ctx.profiler).
+template <ActivationType T, class M>
+const Tensor<T>& forward_tokens(Context& ctx, M& module, const Tensor<std::int32_t>& ids) {
+  if (ctx.profiler && ctx.profiler->recording()) [[unlikely]] {
+    const auto scope = ctx.profiler->module_scope(module, profile::Category::forward, ids);
+    return module.template forward<T>(ctx, ids);
+  }
+  return module.template forward<T>(ctx, ids);
+}
+
 /// Runs `module.backward(ctx, dy)` and then reports the module's own parameters ready: what
 /// containers (and the engine, for the root) call on a child. A container that calls a child's
 /// backward directly instead leaves that child's gradient buckets waiting (an error names the

@@ -16,6 +16,7 @@ inline constexpr std::uint64_t init = 0;                  ///< parameter initial
 inline constexpr std::uint64_t permutation = 1ull << 56;  ///< | epoch: the data order
 inline constexpr std::uint64_t dropout = 2ull << 56;      ///< | layer << 40 | step: dropout masks
 inline constexpr std::uint64_t user = 3ull << 56;         ///< | anything below 2^56: free for users
+inline constexpr std::uint64_t text = 4ull << 56;         ///< | batch key: random text windows (data/text.hpp)
 }  // namespace streams
 
 /// The Philox4x32-10 block function: 4 x 32 random bits from a 128-bit counter and a 64-bit key.

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <zlib.h>
@@ -490,7 +491,10 @@ class Engine {
   // The model's input in the policy's storage type, its output in fp32.
   template <class Input>
   const Tensor<float>& run_forward(Context& ctx, const Input& x) {
-    return cast_.output(xtrain::forward(ctx, model_, cast_.input(x)));
+    if constexpr (std::is_same_v<Input, Tensor<std::int32_t>> && TokenModuleFor<Model, act_t>)
+      return cast_.output(xtrain::forward_tokens<act_t>(ctx, model_, x));
+    else
+      return cast_.output(xtrain::forward(ctx, model_, cast_.input(x)));
   }
 
   // d(loss)/d(output) in fp32; multiplied by the loss scale (fp16) and rounded to the storage

@@ -200,6 +200,24 @@ class Trainer {
     return engine_.micro_step(x, labels_, global_offset, global_count);
   }
 
+  /// The model's output for `x` in eval mode (Dropout off, BatchNorm's running statistics), in
+  /// fp32 whatever the precision policy stores in between: logits to sample from, predictions.
+  /// Local to this rank (no communication). The result lives in the Trainer until the next
+  /// forward.
+  template <class Input>
+  const Tensor<float>& predict(const Input& x) {
+    Context ctx = engine_.context(false);
+    return engine_.predict(ctx, x);
+  }
+
+  /// For a loop of train_step() (a run counted in steps rather than epochs): asks every rank, as
+  /// fit() does after each step, whether one received a stop signal; if so, saves a checkpoint in
+  /// project_dir and throws Interrupted on every rank (MpiEnvironment::run exits with code 75).
+  /// Collective: every rank calls it after the same steps.
+  void stop_if_signalled(StopSignals& signals) {
+    if (const int sig = signals.poll(communicator())) stop_on_signal(sig);
+  }
+
   /// Saves the whole training state to `dir`/state.xtrain (atomically). Collective: every rank
   /// calls it; rank 0 writes. Rank 0's BatchNorm statistics are saved (broadcast first).
   void save_state(const std::string& dir) {

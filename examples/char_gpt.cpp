@@ -1,0 +1,304 @@
+// A character-level GPT trained on real text (by default the ~2.6 MB of English in Debian's
+// `fortunes` package), with AdamW, gradient clipping and per-token cross-entropy, on one process
+// or data-parallel under mpirun/srun; then text sampled from the trained model.
+//
+//   build/examples/char_gpt                                  # 4 layers, 4 heads, embd 128, block 64
+//   build/examples/char_gpt --precision bf16 --iters 5000 --sample 1000
+//   mpirun -np 2 build/examples/char_gpt --global-batch 12
+//
+// Rank 0 prints `step K: train loss X, val loss Y, Z tokens/s` at every evaluation, `Final val
+// loss: Y`, and the sample. Batches are random windows drawn from (seed, step): the same on any
+// number of processes, and after --resume. With --project-dir a checkpoint is saved at each
+// evaluation, and on SIGTERM, SIGINT or SIGUSR1 (exit code 75; continue with --resume latest).
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <xtrain/parallel/mpi.hpp>
+#include <xtrain/xtrain.hpp>
+
+#include "common.hpp"
+
+namespace {
+
+struct Flags {
+  std::string corpus = xtrain::data::default_corpus;
+  std::size_t layers = 4, heads = 4, embd = 128, block = 64, batch = 12, global_batch = 0, iters = 2000;
+  std::size_t eval_every = 500, eval_iters = 20, sample = 500, top_k = 0, warmup = 0;
+  float lr = 1e-3f, weight_decay = 0.1f, temperature = 1.0f, clip = 1.0f;
+  std::uint64_t seed = 1337;
+  std::string precision = "fp32", schedule = "constant", project_dir, resume, export_path;
+};
+
+constexpr const char* usage =
+    "usage: [mpirun -np P] char_gpt [--corpus PATH] [--layers N] [--heads N] [--embd N] [--block N]\n"
+    "           [--batch N | --global-batch N] [--iters N] [--lr X] [--weight-decay X] [--clip X]\n"
+    "           [--schedule constant|cosine] [--warmup N] [--seed N] [--precision fp32|bf16|fp16]\n"
+    "           [--eval-every N] [--eval-iters N] [--project-dir DIR] [--resume latest|DIR]\n"
+    "           [--export FILE] [--sample N] [--temperature X] [--top-k N]\n"
+    "  --corpus PATH     a text file, or a folder whose regular files are read in name order\n"
+    "                    (*.dat, *.u8 and links skipped); default /usr/share/games/fortunes\n"
+    "                    (Debian's fortunes package)\n"
+    "  --layers, --heads, --embd, --block   the model: transformer blocks, attention heads, width,\n"
+    "                    context length (default 4, 4, 128, 64: 816k parameters on fortunes)\n"
+    "  --batch N         sequences per step on EACH process (default 12; global batch = N x P)\n"
+    "  --global-batch N  sequences per step over ALL processes (same training on any P)\n"
+    "  --iters N         optimizer steps (default 2000)\n"
+    "  --lr X            AdamW learning rate (default 1e-3; betas 0.9, 0.99)\n"
+    "  --weight-decay X  AdamW weight decay of the Linear weights (default 0.1; none on biases,\n"
+    "                    LayerNorm and embeddings)\n"
+    "  --clip X          clip the global gradient norm to X (default 1; 0: off)\n"
+    "  --schedule S      constant (default) or cosine (to lr/10 at the last step), after\n"
+    "  --warmup N        N steps of linear warmup (default 0)\n"
+    "  --seed N          seed of initialisation and batches (default 1337)\n"
+    "  --precision P     fp32 (default), bf16 or fp16 (mixed precision: fp32 master weights)\n"
+    "  --eval-every N    evaluate every N steps (default 500) on\n"
+    "  --eval-iters M    M global batches of fixed random windows of each part (default 20)\n"
+    "  --project-dir DIR save a checkpoint at each evaluation in DIR/checkpoints/checkpoint_N, and on\n"
+    "                    SIGTERM, SIGINT or SIGUSR1 (then exit with code 75)\n"
+    "  --resume latest|DIR  continue from the newest checkpoint of --project-dir, or from DIR\n"
+    "  --export FILE     write the trained model as safetensors (PyTorch state_dict names)\n"
+    "  --sample N        characters to generate after training (default 500; 0: none)\n"
+    "  --temperature X   sampling temperature (default 1)\n"
+    "  --top-k N         sample among the N likeliest characters only (default 0: all)\n";
+
+Flags parse(int argc, char** argv) {
+  Flags f;
+  auto count = [](std::string_view flag, const char* v) { return example::parse_count(flag, v, usage); };
+  auto positive = [](std::string_view flag, const char* v) {
+    return static_cast<float>(example::parse_positive(flag, v, usage));
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(usage, stdout);
+      std::exit(0);
+    }
+    if (i + 1 >= argc) example::fail_usage(std::string("unknown or incomplete option '") + argv[i] + "'", usage);
+    const char* value = argv[++i];
+    const std::string_view v = value;
+    if (arg == "--corpus")
+      f.corpus = value;
+    else if (arg == "--layers")
+      f.layers = count(arg, value);
+    else if (arg == "--heads")
+      f.heads = count(arg, value);
+    else if (arg == "--embd")
+      f.embd = count(arg, value);
+    else if (arg == "--block")
+      f.block = count(arg, value);
+    else if (arg == "--batch")
+      f.batch = count(arg, value);
+    else if (arg == "--global-batch")
+      f.global_batch = count(arg, value);
+    else if (arg == "--iters")
+      f.iters = count(arg, value);
+    else if (arg == "--lr")
+      f.lr = positive(arg, value);
+    else if (arg == "--weight-decay")
+      f.weight_decay = v == "0" ? 0.0f : positive(arg, value);
+    else if (arg == "--clip")
+      f.clip = v == "0" ? 0.0f : positive(arg, value);
+    else if (arg == "--schedule")
+      f.schedule = value;
+    else if (arg == "--warmup")
+      f.warmup = v == "0" ? 0 : count(arg, value);
+    else if (arg == "--seed")
+      f.seed = count(arg, value);
+    else if (arg == "--precision")
+      f.precision = value;
+    else if (arg == "--eval-every")
+      f.eval_every = count(arg, value);
+    else if (arg == "--eval-iters")
+      f.eval_iters = count(arg, value);
+    else if (arg == "--project-dir")
+      f.project_dir = value;
+    else if (arg == "--resume")
+      f.resume = value;
+    else if (arg == "--export")
+      f.export_path = value;
+    else if (arg == "--sample")
+      f.sample = v == "0" ? 0 : count(arg, value);
+    else if (arg == "--temperature")
+      f.temperature = positive(arg, value);
+    else if (arg == "--top-k")
+      f.top_k = v == "0" ? 0 : count(arg, value);
+    else
+      example::fail_usage(std::string("unknown option '") + argv[i - 1] + "'", usage);
+  }
+  if (f.precision != "fp32" && f.precision != "bf16" && f.precision != "fp16")
+    example::fail_usage("--precision expects fp32, bf16 or fp16, got '" + f.precision + "'", usage);
+  if (f.schedule != "constant" && f.schedule != "cosine")
+    example::fail_usage("--schedule expects constant or cosine, got '" + f.schedule + "'", usage);
+  if (f.embd % f.heads != 0)
+    example::fail_usage("--embd " + std::to_string(f.embd) + " is not a multiple of --heads " + std::to_string(f.heads),
+                        usage);
+  if (f.resume == "latest" && f.project_dir.empty()) example::fail_usage("--resume latest needs --project-dir", usage);
+  return f;
+}
+
+using clock_type = std::chrono::steady_clock;
+
+// Characters drawn one at a time from the model's distribution over the next character, given
+// the last `block` characters (starting from a newline).
+template <class Trainer>
+std::string generate(Trainer& trainer, const xtrain::data::CharVocab& vocab, const Flags& flags) {
+  const auto& config = trainer.model().config();
+  std::vector<std::int32_t> ids{vocab.contains('\n') ? vocab.encode('\n') : 0};
+  xtrain::Generator gen(flags.seed, xtrain::streams::user | 1);
+  xtrain::Tensor<std::int32_t> context;
+  std::vector<float> p(config.vocab);
+  std::vector<std::size_t> order(config.vocab);
+  std::string text;
+  for (std::size_t n = 0; n < flags.sample; ++n) {
+    const std::size_t t = std::min(ids.size(), config.block);
+    context.resize({1, t});
+    std::copy(ids.end() - static_cast<std::ptrdiff_t>(t), ids.end(), context.data());
+    const xtrain::Tensor<float>& logits = trainer.predict(context);
+    const float* last = logits.data() + (t - 1) * config.vocab;
+    float top = *std::max_element(last, last + config.vocab);
+    float cut = -INFINITY;
+    if (flags.top_k > 0 && flags.top_k < config.vocab) {
+      std::copy(last, last + config.vocab, p.begin());
+      std::nth_element(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(flags.top_k - 1), p.end(), std::greater<>());
+      cut = p[flags.top_k - 1];
+    }
+    double sum = 0.0;
+    for (std::size_t j = 0; j < config.vocab; ++j) {
+      p[j] = last[j] < cut ? 0.0f : std::exp((last[j] - top) / flags.temperature);
+      sum += p[j];
+    }
+    double u = gen.uniform() * sum;
+    std::size_t pick = 0;
+    for (; pick + 1 < config.vocab; ++pick) {
+      u -= p[pick];
+      if (u < 0.0) break;
+    }
+    ids.push_back(static_cast<std::int32_t>(pick));
+    text += vocab.decode(static_cast<std::int32_t>(pick));
+  }
+  return text;
+}
+
+template <class Precision>
+int run(const Flags& flags) {
+  xtrain::parallel::MpiAllReduce comm;
+  const bool main_process = comm.rank() == 0;
+  const std::size_t ranks = comm.size(), rank = comm.rank();
+  const auto [vocab, train, val] = xtrain::data::char_text(flags.corpus, flags.block);
+  xtrain::set_seed(flags.seed);
+  xtrain::layers::GPT model(
+      {.vocab = vocab.size(), .block = flags.block, .layers = flags.layers, .heads = flags.heads, .embd = flags.embd});
+  auto options = xtrain::TrainerOptions{}
+                     .batch_size(flags.batch)
+                     .global_batch_size(flags.global_batch)
+                     .eval_batch_size(flags.batch)
+                     .seed(flags.seed)
+                     .clip_grad_norm(flags.clip)
+                     .param_groups({xtrain::optim::ParamGroup::no_weight_decay()})
+                     .project_dir(flags.project_dir)
+                     .verbose(false);
+  if (flags.schedule == "cosine") {
+    const std::uint64_t decay = flags.iters > flags.warmup ? flags.iters - flags.warmup : 1;
+    options.schedule(xtrain::optim::LrSchedule::cosine(decay, flags.lr / 10).warmup(flags.warmup));
+  } else if (flags.warmup > 0) {
+    options.schedule(xtrain::optim::LrSchedule::constant().warmup(flags.warmup));
+  }
+  if (main_process) {
+    std::printf("xtrain %s | corpus %s: %zu characters, vocabulary of %zu | %zu training, %zu validation windows\n",
+                xtrain::version_string, flags.corpus.c_str(), train.tokens().size() + val.tokens().size(), vocab.size(),
+                train.size(), val.size());
+    std::size_t parameters = 0;
+    xtrain::visit_parameters(model, [&](const std::string& name, xtrain::Param& p, xtrain::ParamKind) {
+      if (name != "head.weight") parameters += p.size();  // tied to wte.weight
+    });
+    std::printf("%s: %zu parameters\n", model.describe().c_str(), parameters);
+  }
+  using Trainer = xtrain::Trainer<xtrain::layers::GPT, xtrain::optim::AdamW, Precision, xtrain::parallel::MpiAllReduce>;
+  Trainer trainer{std::move(model),
+                  xtrain::optim::AdamW{}.lr(flags.lr).betas(0.9f, 0.99f).weight_decay(flags.weight_decay), options,
+                  std::move(comm)};
+  const std::size_t global = trainer.global_batch_size();
+  if (main_process) {
+    std::printf(
+        "AdamW lr %g, weight decay %g | %zu process%s (launcher: %s) | global batch %zu x %zu tokens | %zu steps | "
+        "seed %llu | precision %s\n",
+        static_cast<double>(flags.lr), static_cast<double>(flags.weight_decay), ranks, ranks == 1 ? "" : "es",
+        xtrain::parallel::launch_info().launcher, global, flags.block, flags.iters,
+        static_cast<unsigned long long>(flags.seed), Precision::name);
+    example::report_kernels(flags.precision);
+  }
+  if (!flags.resume.empty()) {
+    const std::string from = trainer.resume(flags.resume);
+    if (main_process)
+      std::printf("Resumed from %s: %llu steps done\n", from.c_str(), static_cast<unsigned long long>(trainer.step()));
+  }
+  // Fixed evaluation sets (keys above any step): the same windows at every evaluation.
+  constexpr std::uint64_t eval_key = 1ull << 50;
+  const xtrain::data::WindowSubset train_eval(train, flags.seed, eval_key, flags.eval_iters * global);
+  const xtrain::data::WindowSubset val_eval(val, flags.seed, eval_key + 1, flags.eval_iters * global);
+  // This rank's share of each global batch (as the data loader splits one).
+  const std::size_t share = global / ranks, extra = global % ranks;
+  const std::size_t offset = rank * share + std::min(rank, extra), mine = share + (rank < extra ? 1 : 0);
+  xtrain::Tensor<std::int32_t> x, y;
+  xtrain::StopSignals signals;
+  double trained_seconds = 0.0, total_seconds = 0.0, val_loss = 0.0;
+  std::size_t tokens_since = 0;
+  for (std::uint64_t step = trainer.step(); step < flags.iters;) {
+    const auto start = clock_type::now();
+    train.draw(flags.seed, step, offset, mine, x, y);
+    trainer.train_step(x, y, offset, global);
+    step = trainer.step();
+    const double seconds = std::chrono::duration<double>(clock_type::now() - start).count();
+    trained_seconds += seconds;
+    total_seconds += seconds;
+    tokens_since += global * flags.block;
+    trainer.stop_if_signalled(signals);
+    if (step % flags.eval_every == 0 || step == flags.iters) {
+      const double train_loss = trainer.evaluate(train_eval).loss;
+      val_loss = trainer.evaluate(val_eval).loss;
+      if (main_process)
+        std::printf("step %llu: train loss %.4f, val loss %.4f, %.0f tokens/s\n", static_cast<unsigned long long>(step),
+                    train_loss, val_loss, static_cast<double>(tokens_since) / trained_seconds);
+      std::fflush(stdout);
+      tokens_since = 0;
+      trained_seconds = 0.0;
+      if (!flags.project_dir.empty()) trainer.save_checkpoint();
+    }
+  }
+  if (trainer.step() >= flags.iters && total_seconds == 0.0) {
+    if (main_process) std::printf("Nothing to train: the checkpoint already completed %zu steps\n", flags.iters);
+    val_loss = trainer.evaluate(val_eval).loss;
+  }
+  if (!flags.export_path.empty()) trainer.save_model(flags.export_path);
+  if (main_process) {
+    std::printf("Final val loss: %.4f\n", val_loss);
+    std::printf("Total Training Time: %.2f seconds\n", total_seconds);
+    if (!flags.export_path.empty()) std::printf("Exported the model to %s\n", flags.export_path.c_str());
+    if (!flags.project_dir.empty())
+      std::printf("Checkpoints in %s/checkpoints (continue with --resume latest)\n", flags.project_dir.c_str());
+    if (flags.sample > 0) {
+      std::printf("--- %zu characters sampled (temperature %g, top-k %zu) ---\n", flags.sample,
+                  static_cast<double>(flags.temperature), flags.top_k);
+      std::printf("%s\n", generate(trainer, vocab, flags).c_str());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  xtrain::parallel::MpiEnvironment env{argc, argv};
+  return env.run([&] {
+    const Flags flags = parse(argc, argv);
+    if (flags.precision == "bf16") return run<xtrain::MixedPrecision<xtrain::bf16>>(flags);
+    if (flags.precision == "fp16") return run<xtrain::MixedPrecision<xtrain::fp16>>(flags);
+    return run<xtrain::FullPrecision>(flags);
+  });
+}

@@ -1,0 +1,161 @@
+#pragma once
+/// \file attention.hpp
+/// CausalSelfAttention(embd, heads): multi-head self-attention with a causal mask over x [B, T, C]
+/// (GPT's): one fused projection `qkv` = Linear(C, 3C) gives q, k, v (in that order along its
+/// output); each head h attends with softmax(q_h k_h^T / sqrt(C / heads)) over the positions up
+/// to its own, and `proj` = Linear(C, C) maps the heads' outputs back. Parameter names as a
+/// PyTorch module with members `qkv` and `proj`. The softmax and the attention's sums run in fp32
+/// whatever the activation type; only the log-sum-exp of each row is kept for backward (the
+/// probabilities are recomputed), so what backward keeps grows as T, not T^2, per head.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <string>
+#include <type_traits>
+
+#include "xtrain/core/context.hpp"
+#include "xtrain/core/error.hpp"
+#include "xtrain/core/module.hpp"
+#include "xtrain/core/tensor.hpp"
+#include "xtrain/kernels/attention.hpp"
+#include "xtrain/kernels/convert.hpp"
+#include "xtrain/layers/linear.hpp"
+
+namespace xtrain::layers {
+
+class CausalSelfAttention {
+ public:
+  /// Requires embd divisible by heads.
+  CausalSelfAttention(std::size_t embd, std::size_t heads)
+      : embd_(embd), heads_(heads), qkv_(embd, 3 * embd), proj_(embd, embd) {
+    XTRAIN_CHECK(heads > 0 && embd % heads == 0, ValueError, "CausalSelfAttention(", embd, ", ", heads,
+                 "): the embedding size must be a multiple of the number of heads");
+  }
+
+  /// y = proj(attention(qkv(x))) for x [B, T, C] (or [T, C]: one sequence).
+  template <ActivationType T>
+  const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
+    XTRAIN_CHECK((x.dimension() == 3 || x.dimension() == 2) && x.cols() == embd_, ShapeError, describe(),
+                 ": input has shape ", x.shape().str(), ", expected [batch, positions, ", embd_, "]");
+    batch_ = x.dimension() == 3 ? x.shape(0) : 1;
+    positions_ = x.dimension() == 3 ? x.shape(1) : x.shape(0);
+    const Tensor<T>& qkv = xtrain::forward(ctx, qkv_, x);
+    const std::size_t n = batch_ * positions_;
+    Tensor<T>& att = att_.get<T>();
+    att.resize(x.shape());
+    lse_.resize({batch_ * heads_ * positions_});
+    scratch_.resize({2 * kernels::attention_scratch(positions_)});
+    const float* q = widened(qkv, qkv32_, n * 3 * embd_);
+    float* out = nullptr;
+    if constexpr (std::is_same_v<T, float>) {
+      out = att.data();
+    } else {
+      out32_.resize({n * embd_});
+      out = out32_.data();
+    }
+    const std::size_t d = embd_ / heads_, ld = 3 * embd_;
+    for (std::size_t b = 0; b < batch_; ++b)
+      for (std::size_t h = 0; h < heads_; ++h) {
+        const float* base = q + b * positions_ * ld + h * d;
+        kernels::causal_attention_forward(positions_, d, scale(), base, base + embd_, base + 2 * embd_, ld,
+                                          out + b * positions_ * embd_ + h * d, embd_,
+                                          lse_.data() + (b * heads_ + h) * positions_, scratch_.data());
+      }
+    if constexpr (!std::is_same_v<T, float>) kernels::from_float(out32_.data(), att.data(), n * embd_);
+    qkv_out_ = &qkv;
+    type_ = activation_type_index<T>;
+    return xtrain::forward(ctx, proj_, att);
+  }
+
+  /// dx; the projections' gradients are added into (and reported ready) as they are computed.
+  template <ActivationType T>
+  const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
+    XTRAIN_CHECK(qkv_out_ != nullptr, ValueError, describe(), ": backward called before forward");
+    XTRAIN_CHECK(type_ == activation_type_index<T>, ValueError, describe(), ": backward in ",
+                 activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(type_));
+    const bool want_input_grad = ctx.input_grad;
+    ctx.input_grad = true;
+    const Tensor<T>& datt = xtrain::backward(ctx, proj_, dy);
+    const std::size_t n = batch_ * positions_, d = embd_ / heads_, ld = 3 * embd_;
+    const float* q = nullptr;
+    const float* out = nullptr;
+    const float* dout = nullptr;
+    if constexpr (std::is_same_v<T, float>) {
+      q = static_cast<const Tensor<T>*>(qkv_out_)->data();
+      out = att_.get<T>().data();
+      dout = datt.data();
+    } else {
+      q = qkv32_.data();
+      out = out32_.data();
+      dout32_.resize({n * embd_});
+      kernels::to_float(datt.data(), dout32_.data(), n * embd_);
+      dout = dout32_.data();
+    }
+    Tensor<T>& dqkv = dqkv_.get<T>();
+    dqkv.resize(static_cast<const Tensor<T>*>(qkv_out_)->shape());
+    float* g = nullptr;
+    if constexpr (std::is_same_v<T, float>) {
+      g = dqkv.data();
+    } else {
+      dqkv32_.resize({n * ld});
+      g = dqkv32_.data();
+    }
+    std::fill(g, g + n * ld, 0.0f);
+    for (std::size_t b = 0; b < batch_; ++b)
+      for (std::size_t h = 0; h < heads_; ++h) {
+        const std::size_t row0 = b * positions_;
+        const float* base = q + row0 * ld + h * d;
+        float* gbase = g + row0 * ld + h * d;
+        kernels::causal_attention_backward(positions_, d, scale(), base, base + embd_, base + 2 * embd_, ld,
+                                           out + row0 * embd_ + h * d, dout + row0 * embd_ + h * d, embd_,
+                                           lse_.data() + (b * heads_ + h) * positions_, gbase, gbase + embd_,
+                                           gbase + 2 * embd_, ld, scratch_.data());
+      }
+    if constexpr (!std::is_same_v<T, float>) kernels::from_float(dqkv32_.data(), dqkv.data(), n * ld);
+    ctx.input_grad = want_input_grad;
+    return xtrain::backward(ctx, qkv_, static_cast<const Tensor<T>&>(dqkv));
+  }
+
+  template <class V>
+  void visit(V& v) {
+    v.child("qkv", qkv_);
+    v.child("proj", proj_);
+  }
+
+  Linear& qkv() noexcept { return qkv_; }
+  Linear& proj() noexcept { return proj_; }
+  std::size_t embd() const noexcept { return embd_; }
+  std::size_t heads() const noexcept { return heads_; }
+  std::string describe() const {
+    return "CausalSelfAttention(embd=" + std::to_string(embd_) + ", heads=" + std::to_string(heads_) + ")";
+  }
+
+ private:
+  float scale() const noexcept {
+    const std::size_t head_dim = embd_ / heads_;  // exact: embd is a multiple of heads
+    return 1.0f / std::sqrt(static_cast<float>(head_dim));
+  }
+
+  // The fused projection's output in fp32: itself (fp32) or widened into `buffer`.
+  template <class T>
+  static const float* widened(const Tensor<T>& t, Tensor<float>& buffer, std::size_t n) {
+    if constexpr (std::is_same_v<T, float>) {
+      return t.data();
+    } else {
+      buffer.resize({n});
+      kernels::to_float(t.data(), buffer.data(), n);
+      return buffer.data();
+    }
+  }
+
+  std::size_t embd_, heads_;
+  Linear qkv_, proj_;
+  std::size_t batch_ = 0, positions_ = 0;
+  const void* qkv_out_ = nullptr;  // the qkv projection's output of the last forward
+  int type_ = 0;
+  Tensor<float> lse_, scratch_, qkv32_, out32_, dout32_, dqkv32_;  // the last four: bf16/fp16 only
+  ActivationBuffers att_, dqkv_;
+};
+
+}  // namespace xtrain::layers

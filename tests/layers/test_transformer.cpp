@@ -1,0 +1,324 @@
+// Transformer layers (layers/embedding.hpp, layer_norm.hpp, attention.hpp, transformer.hpp) and
+// text data (data/text.hpp):
+//  - PyTorch parity: forward, input gradient and every parameter gradient against values PyTorch
+//    1.13 computed from the same weights (tests/fixtures/make_gpt_fixture.py, the twin module
+//    tests/gpt_model.py; no torch needed here) for LayerNorm with and without affine parameters,
+//    Embedding, CausalSelfAttention and the pre-LN block (with GPT-2's small init and with large
+//    weights, so that the softmax is far from uniform), a whole GPT (logits, loss, every gradient,
+//    weight tying) and three AdamW steps of it through the Trainer (parameter groups, clipping off);
+//  - the attention kernel against its scalar twin (kernels/reference/attention.hpp) on lengths
+//    below, at and across its block of rows;
+//  - gradcheck of LayerNorm, attention and the block; bf16/fp16 close to fp32; the errors a user
+//    meets; no allocation per step once warm;
+//  - the text data set: file order, vocabulary, windows, rank-invariant random batches.
+// The hidden "[.export_gpt]" test writes a GPT trained 2 steps for tests/torch_gpt_interop.py
+// (ctest interop.torch_gpt).
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "layers/helpers.hpp"
+#include "parity.hpp"
+#include "support.hpp"
+#include "xtrain/kernels/reference/attention.hpp"
+#include "xtrain/testing/gradcheck.hpp"
+#include "xtrain/xtrain.hpp"
+
+using namespace xtrain;
+using namespace xtrain::test;
+namespace nn = xtrain::layers;
+
+namespace {
+Matrix gpt_fixture(const std::string& name) { return fixture_tensor("gpt", name); }
+
+Tensor<std::int32_t> ids_fixture(const std::string& name) {
+  const Matrix f = gpt_fixture(name);
+  Tensor<std::int32_t> ids(f.shape());
+  for (std::size_t i = 0; i < f.size(); ++i) ids.data()[i] = static_cast<std::int32_t>(std::lround(f.data()[i]));
+  return ids;
+}
+
+/// Copies <fixture>.init.<name> into every parameter of `model` (a tied one once per name: both
+/// files must hold the same values) and zeroes the gradients.
+template <class M>
+void load_init(M& model, const std::string& fixture) {
+  visit_parameters(model, [&](const std::string& name, Param& p, ParamKind) {
+    const Matrix init = gpt_fixture(fixture + ".init." + name);
+    INFO(name);
+    REQUIRE(init.shape().to_vector() == p.shape());
+    std::copy(init.begin(), init.end(), p.values().begin());
+    std::fill(p.grads().begin(), p.grads().end(), 0.0f);
+  });
+}
+
+nn::GPTConfig fixture_config() { return {.vocab = 11, .block = 8, .layers = 2, .heads = 2, .embd = 8}; }
+}  // namespace
+
+TEST_CASE("LayerNorm matches PyTorch, with and without affine parameters", "[transformer][parity]") {
+  nn::LayerNorm ln{8};
+  check_against_torch(ln, "gpt", "layernorm");
+  nn::LayerNorm plain{8, 1e-3f, false};
+  check_against_torch(plain, "gpt", "layernorm_noaffine");
+  CHECK(ln.describe() == "LayerNorm((8,), eps=1e-05, elementwise_affine=True)");
+}
+
+TEST_CASE("Embedding matches PyTorch: rows, and repeated ids summing into the gradient", "[transformer][parity]") {
+  nn::Embedding e{11, 6};
+  load_init(e, "embedding");
+  const Tensor<std::int32_t> ids = ids_fixture("embedding.ids");
+  Context ctx;
+  const Matrix y = e.forward<float>(ctx, ids);
+  require_parity("y", y, gpt_fixture("embedding.y"));
+  const Matrix dx = e.backward(ctx, gpt_fixture("embedding.dy"));
+  CHECK(dx.size() == 0);
+  require_parity("grad weight", std::span<const float>(e.weight().grads()), gpt_fixture("embedding.grad.weight"));
+}
+
+TEST_CASE("CausalSelfAttention and the pre-LN block match PyTorch", "[transformer][parity]") {
+  for (const char* fixture : {"attention", "attention_sharp"}) {
+    nn::CausalSelfAttention a{8, 2};
+    check_against_torch(a, "gpt", fixture);
+  }
+  for (const char* fixture : {"block", "block_sharp"}) {
+    auto block = nn::transformer_block(8, 2);
+    check_against_torch(block, "gpt", fixture);
+  }
+}
+
+TEST_CASE("GPT matches PyTorch: logits, loss, every gradient, the tied head", "[transformer][parity]") {
+  nn::GPT model{fixture_config()};
+  load_init(model, "gpt");
+  CHECK(model.head().weight().shares_storage_with(model.wte().weight()));
+  const Tensor<std::int32_t> ids = ids_fixture("gpt.ids"), targets = ids_fixture("gpt.targets");
+  Context ctx;
+  ctx.input_grad = false;
+  const Matrix& logits = model.forward<float>(ctx, ids);
+  require_parity("logits", logits, gpt_fixture("gpt.y"));
+  loss::CrossEntropyLoss ce;
+  const float l = ce.forward(logits, targets);
+  CHECK(l == Approx(gpt_fixture("gpt.loss").data()[0]).epsilon(1e-5));
+  model.backward(ctx, ce.backward());
+  std::size_t names = 0;
+  visit_parameters(model, [&](const std::string& name, Param& p, ParamKind) {
+    require_parity("grad " + name, std::span<const float>(p.grads()), gpt_fixture("gpt.grad." + name));
+    ++names;
+  });
+  CHECK(names == 29);  // wte, wpe, 2 x 12 in the blocks, ln_f (2), head
+}
+
+TEST_CASE("GPT trained by the Trainer with AdamW and parameter groups matches PyTorch after 3 steps",
+          "[transformer][parity]") {
+  Trainer<nn::GPT, optim::AdamW> trainer{
+      nn::GPT{fixture_config()}, optim::AdamW{}.lr(1e-2f).betas(0.9f, 0.99f).weight_decay(0.1f),
+      TrainerOptions{}.verbose(false).param_groups({optim::ParamGroup::no_weight_decay()})};
+  load_init(trainer.model(), "gpt");
+  const Matrix losses = gpt_fixture("gpt_adamw.losses");
+  for (int step = 0; step < 3; ++step) {
+    const std::string prefix = "gpt_adamw.step" + std::to_string(step);
+    const auto ids = ids_fixture(prefix + ".ids"), targets = ids_fixture(prefix + ".targets");
+    const StepResult r = trainer.train_step(ids, targets, 0, ids.shape(0));
+    CHECK(r.loss == Approx(losses.data()[step]).epsilon(1e-5));
+  }
+  visit_parameters(trainer.model(), [&](const std::string& name, Param& p, ParamKind) {
+    const Matrix after = gpt_fixture("gpt_adamw.after." + name);
+    float diff = 0.0f;
+    for (std::size_t i = 0; i < p.size(); ++i) diff = std::max(diff, std::abs(p.values()[i] - after.data()[i]));
+    INFO(name << ": max |diff| " << diff);
+    CHECK(diff <= 2e-5f);  // lr 1e-2: about 1e-3 of a step
+  });
+}
+
+TEST_CASE("Causal attention kernel matches its scalar twin across its block of rows", "[transformer][kernels]") {
+  for (const auto& [T, d] :
+       std::vector<std::pair<std::size_t, std::size_t>>{{1, 4}, {5, 3}, {64, 16}, {70, 8}, {130, 5}}) {
+    INFO("T " << T << ", d " << d);
+    const std::size_t ld = 3 * d + 1, ldo = d + 2;  // strided rows, as in the fused projection
+    const Matrix qkv = random_tensor({T, ld}, 40 + T);
+    const Matrix dout = random_tensor({T, ldo}, 50 + T);
+    const float scale = 0.7f;
+    std::vector<float> out(T * ldo, 0.0f), lse(T), ref_out(T * ldo, 0.0f), ref_lse(T);
+    std::vector<float> scratch(2 * kernels::attention_scratch(T));
+    const float* q = qkv.data();
+    kernels::causal_attention_forward(T, d, scale, q, q + d, q + 2 * d, ld, out.data(), ldo, lse.data(),
+                                      scratch.data());
+    kernels::reference::causal_attention_forward(T, d, scale, q, q + d, q + 2 * d, ld, ref_out.data(), ldo,
+                                                 ref_lse.data());
+    for (std::size_t i = 0; i < T; ++i) {
+      REQUIRE(lse[i] == Approx(ref_lse[i]).margin(1e-5));
+      for (std::size_t c = 0; c < d; ++c) REQUIRE(out[i * ldo + c] == Approx(ref_out[i * ldo + c]).margin(1e-5));
+    }
+    std::vector<float> g(T * ld, 0.5f), ref_g(T * ld, 0.5f);  // dk, dv added into; dq written
+    kernels::causal_attention_backward(T, d, scale, q, q + d, q + 2 * d, ld, out.data(), dout.data(), ldo, lse.data(),
+                                       g.data(), g.data() + d, g.data() + 2 * d, ld, scratch.data());
+    kernels::reference::causal_attention_backward(T, d, scale, q, q + d, q + 2 * d, ld, dout.data(), ldo, ref_g.data(),
+                                                  ref_g.data() + d, ref_g.data() + 2 * d, ld);
+    for (std::size_t i = 0; i < T * ld; ++i) REQUIRE(g[i] == Approx(ref_g[i]).margin(1e-4));
+  }
+}
+
+TEST_CASE("gradcheck: LayerNorm, CausalSelfAttention, the transformer block", "[transformer][gradcheck]") {
+  set_seed(3);
+  nn::LayerNorm ln{6};
+  require_gradcheck(testing::gradcheck(ln, random_tensor({2, 3, 6}, 1)));
+  nn::CausalSelfAttention a{6, 2};
+  require_gradcheck(testing::gradcheck(a, random_tensor({2, 4, 6}, 2)));
+  auto block = nn::transformer_block(6, 3);
+  require_gradcheck(testing::gradcheck(block, random_tensor({2, 4, 6}, 3)));
+}
+
+TEST_CASE("GPT in bf16 and fp16 stays close to fp32", "[transformer][precision]") {
+  set_seed(11);
+  nn::GPT model{{.vocab = 20, .block = 16, .layers = 2, .heads = 2, .embd = 32}};
+  Tensor<std::int32_t> ids({3, 16});
+  for (std::size_t i = 0; i < ids.size(); ++i) ids.data()[i] = static_cast<std::int32_t>((i * 7 + 3) % 20);
+  Context ctx;
+  const Matrix ref = model.forward<float>(ctx, ids);
+  auto compare = [&]<class T>(const Tensor<T>& y, float tolerance) {
+    REQUIRE(y.shape() == ref.shape());
+    float diff = 0.0f, scale = 0.0f;
+    for (std::size_t i = 0; i < y.size(); ++i) {
+      diff = std::max(diff, std::abs(kernels::widen(y.data()[i]) - ref.data()[i]));
+      scale = std::max(scale, std::abs(ref.data()[i]));
+    }
+    INFO("max |diff| " << diff << ", max |logit| " << scale);
+    CHECK(diff <= tolerance * scale);
+  };
+  compare(model.forward<bf16>(ctx, ids), 0.05f);
+  compare(model.forward<fp16>(ctx, ids), 0.01f);
+}
+
+TEST_CASE("Transformer layers say what is wrong", "[transformer][errors]") {
+  Context ctx;
+  nn::Embedding e{4, 3};
+  Tensor<std::int32_t> bad({2}, {1, 4});
+  CHECK_THROWS_WITH(e.forward<float>(ctx, bad), Catch::Contains("id 4 at position 1 is outside [0, 4)"));
+  CHECK_THROWS_WITH(nn::CausalSelfAttention(10, 3), Catch::Contains("multiple of the number of heads"));
+  nn::GPT model{fixture_config()};
+  Tensor<std::int32_t> too_long({1, 9});
+  CHECK_THROWS_WITH(model.forward<float>(ctx, too_long), Catch::Contains("1 to 8 positions"));
+  nn::LayerNorm ln{4};
+  CHECK_THROWS_WITH(ln.forward(ctx, Matrix({2, 5})), Catch::Contains("LayerNorm((4,)"));
+  CHECK_THROWS_WITH(nn::GPT({.vocab = 5, .heads = 4, .embd = 10}), Catch::Contains("not a multiple of heads"));
+}
+
+TEST_CASE("GPT allocates nothing per step once warm", "[transformer][memory]") {
+  set_seed(5);
+  nn::GPT model{{.vocab = 20, .block = 16, .layers = 2, .heads = 2, .embd = 32}};
+  Tensor<std::int32_t> ids({3, 16});
+  for (std::size_t i = 0; i < ids.size(); ++i) ids.data()[i] = static_cast<std::int32_t>(i % 20);
+  Context ctx;
+  ctx.input_grad = false;
+  Matrix dy;
+  auto step = [&] {
+    const Matrix& y = model.forward<float>(ctx, ids);
+    dy.resize(y.shape());
+    dy.fill(0.01f);
+    model.backward(ctx, dy);
+  };
+  step();
+  step();
+  const std::int64_t before = memory::counters().allocated;
+  for (int i = 0; i < 3; ++i) step();
+  CHECK(memory::counters().allocated - before == 0);
+}
+
+TEST_CASE("Text corpus: file order, skipped files, vocabulary, windows and random batches", "[transformer][data]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("xtrain_text_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) { std::ofstream(dir / name) << text; };
+  write("b", "bca\n");
+  write("a", "hello ");
+  write("a.dat", "INDEX");
+  fs::create_symlink(dir / "a", dir / "a.u8");
+  fs::create_symlink(dir / "b", dir / "link");
+  CHECK(data::read_corpus(dir.string()) == "hello bca\n");
+  CHECK(data::read_corpus((dir / "b").string()) == "bca\n");
+
+  const data::CharVocab vocab("hello bca\n");
+  CHECK(vocab.chars() == "\n abcehlo");
+  CHECK(vocab.encode('\n') == 0);
+  CHECK(vocab.decode(vocab.encode("cab")) == "cab");
+  CHECK_THROWS_WITH(vocab.encode('z'), Catch::Contains("not in the vocabulary"));
+
+  write("c", std::string(200, 'x') + "0123456789");
+  const data::TextSplit split = data::char_text(dir.string(), 4);
+  const std::size_t n = 10 + 210;
+  CHECK(split.train.tokens().size() == n * 9 / 10);
+  CHECK(split.val.tokens().size() == n - n * 9 / 10);
+  CHECK(split.train.size() == split.train.tokens().size() - 4);
+  Tensor<std::int32_t> x, y;
+  const std::uint32_t starts[] = {0, 3};
+  split.train.gather(starts, x, y);
+  REQUIRE(x.shape() == Shape{2, 4});
+  CHECK(split.vocab.decode(std::span<const std::int32_t>(x.data(), 4)) == "hell");
+  CHECK(split.vocab.decode(std::span<const std::int32_t>(y.data(), 4)) == "ello");
+  CHECK(split.vocab.decode(std::span<const std::int32_t>(x.data() + 4, 4)) == "lo b");
+
+  // Two ranks' shares of a global batch of 5 are the batch one rank draws, and differ per step.
+  Tensor<std::int32_t> whole_x, whole_y, a_x, a_y, b_x, b_y;
+  split.train.draw(7, 12, 0, 5, whole_x, whole_y);
+  split.train.draw(7, 12, 0, 3, a_x, a_y);
+  split.train.draw(7, 12, 3, 2, b_x, b_y);
+  CHECK(std::equal(a_x.begin(), a_x.end(), whole_x.begin()));
+  CHECK(std::equal(b_x.begin(), b_x.end(), whole_x.begin() + 12));
+  CHECK(std::equal(b_y.begin(), b_y.end(), whole_y.begin() + 12));
+  std::size_t same = 0;
+  for (std::size_t i = 0; i < 5; ++i) same += split.train.random_start(7, 12, i) == split.train.random_start(7, 13, i);
+  CHECK(same < 5);
+
+  CHECK_THROWS_WITH(data::char_text(dir.string(), 30), Catch::Contains("too few for windows of 30"));
+  CHECK_THROWS_WITH(data::read_corpus((dir / "missing").string()), Catch::Contains("apt-get install fortunes"));
+  fs::remove_all(dir);
+}
+
+namespace {
+/// A minimal .npy writer (format 1.0, little-endian) for the interop script.
+template <class T>
+void write_npy(const std::string& path, const Tensor<T>& t) {
+  std::string header =
+      std::string("{'descr': '") + (std::is_same_v<T, float> ? "<f4" : "<i4") + "', 'fortran_order': False, 'shape': (";
+  for (std::size_t d : t.shape()) header += std::to_string(d) + ", ";
+  header += "), }";
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  std::ofstream out(path, std::ios::binary);
+  out.write("\x93NUMPY\x01\x00", 8);
+  const auto len = static_cast<std::uint16_t>(header.size());
+  out.put(static_cast<char>(len & 0xFF)).put(static_cast<char>(len >> 8));
+  out << header;
+  out.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * sizeof(T)));
+  REQUIRE(out.good());
+}
+}  // namespace
+
+TEST_CASE("Export a trained GPT for tests/torch_gpt_interop.py", "[.export_gpt]") {
+  const char* dir_env = std::getenv("XTRAIN_EXPORT_DIR");
+  REQUIRE(dir_env != nullptr);
+  const std::string dir = dir_env;
+  std::filesystem::create_directories(dir);
+  set_seed(17);
+  const nn::GPTConfig config{.vocab = 13, .block = 12, .layers = 2, .heads = 2, .embd = 16};
+  Trainer<nn::GPT, optim::AdamW> trainer{nn::GPT{config}, optim::AdamW{}.lr(1e-2f), TrainerOptions{}.verbose(false)};
+  Tensor<std::int32_t> ids({3, 12}), targets({3, 12});
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    ids.data()[i] = static_cast<std::int32_t>((i * 5 + 1) % 13);
+    targets.data()[i] = static_cast<std::int32_t>((i * 5 + 6) % 13);
+  }
+  for (int step = 0; step < 2; ++step) trainer.train_step(ids, targets, 0, 3);
+  trainer.save_model(dir + "/model.safetensors");
+  Tensor<std::int32_t> probe({2, 9});
+  for (std::size_t i = 0; i < probe.size(); ++i) probe.data()[i] = static_cast<std::int32_t>((i * 3 + 2) % 13);
+  const Matrix& logits = trainer.predict(probe);
+  REQUIRE(logits.shape() == Shape{2, 9, 13});
+  write_npy(dir + "/ids.npy", probe);
+  write_npy(dir + "/logits.npy", logits);
+}
