@@ -69,72 +69,31 @@ constexpr const char* usage =
 
 Flags parse(int argc, char** argv) {
   Flags f;
-  auto count = [](std::string_view flag, const char* v) { return example::parse_count(flag, v, usage); };
-  auto positive = [](std::string_view flag, const char* v) {
-    return static_cast<float>(example::parse_positive(flag, v, usage));
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(usage, stdout);
-      std::exit(0);
-    }
-    if (i + 1 >= argc) example::fail_usage(std::string("unknown or incomplete option '") + argv[i] + "'", usage);
-    const char* value = argv[++i];
-    const std::string_view v = value;
-    if (arg == "--corpus")
-      f.corpus = value;
-    else if (arg == "--layers")
-      f.layers = count(arg, value);
-    else if (arg == "--heads")
-      f.heads = count(arg, value);
-    else if (arg == "--embd")
-      f.embd = count(arg, value);
-    else if (arg == "--block")
-      f.block = count(arg, value);
-    else if (arg == "--batch")
-      f.batch = count(arg, value);
-    else if (arg == "--global-batch")
-      f.global_batch = count(arg, value);
-    else if (arg == "--iters")
-      f.iters = count(arg, value);
-    else if (arg == "--lr")
-      f.lr = positive(arg, value);
-    else if (arg == "--weight-decay")
-      f.weight_decay = v == "0" ? 0.0f : positive(arg, value);
-    else if (arg == "--clip")
-      f.clip = v == "0" ? 0.0f : positive(arg, value);
-    else if (arg == "--schedule")
-      f.schedule = value;
-    else if (arg == "--warmup")
-      f.warmup = v == "0" ? 0 : count(arg, value);
-    else if (arg == "--seed")
-      f.seed = count(arg, value);
-    else if (arg == "--precision")
-      f.precision = value;
-    else if (arg == "--eval-every")
-      f.eval_every = count(arg, value);
-    else if (arg == "--eval-iters")
-      f.eval_iters = count(arg, value);
-    else if (arg == "--project-dir")
-      f.project_dir = value;
-    else if (arg == "--resume")
-      f.resume = value;
-    else if (arg == "--export")
-      f.export_path = value;
-    else if (arg == "--sample")
-      f.sample = v == "0" ? 0 : count(arg, value);
-    else if (arg == "--temperature")
-      f.temperature = positive(arg, value);
-    else if (arg == "--top-k")
-      f.top_k = v == "0" ? 0 : count(arg, value);
-    else
-      example::fail_usage(std::string("unknown option '") + argv[i - 1] + "'", usage);
-  }
-  if (f.precision != "fp32" && f.precision != "bf16" && f.precision != "fp16")
-    example::fail_usage("--precision expects fp32, bf16 or fp16, got '" + f.precision + "'", usage);
-  if (f.schedule != "constant" && f.schedule != "cosine")
-    example::fail_usage("--schedule expects constant or cosine, got '" + f.schedule + "'", usage);
+  example::FlagParser(usage)
+      .text("--corpus", f.corpus)
+      .count("--layers", f.layers)
+      .count("--heads", f.heads)
+      .count("--embd", f.embd)
+      .count("--block", f.block)
+      .count("--batch", f.batch)
+      .count("--global-batch", f.global_batch)
+      .count("--iters", f.iters)
+      .number("--lr", f.lr)
+      .number("--weight-decay", f.weight_decay, true)
+      .number("--clip", f.clip, true)
+      .choice("--schedule", f.schedule, {"constant", "cosine"})
+      .count("--warmup", f.warmup, true)
+      .count("--seed", f.seed)
+      .choice("--precision", f.precision, {"fp32", "bf16", "fp16"})
+      .count("--eval-every", f.eval_every)
+      .count("--eval-iters", f.eval_iters)
+      .text("--project-dir", f.project_dir)
+      .text("--resume", f.resume)
+      .text("--export", f.export_path)
+      .count("--sample", f.sample, true)
+      .number("--temperature", f.temperature)
+      .count("--top-k", f.top_k, true)
+      .parse(argc, argv);
   if (f.embd % f.heads != 0)
     example::fail_usage("--embd " + std::to_string(f.embd) + " is not a multiple of --heads " + std::to_string(f.heads),
                         usage);
@@ -279,6 +238,12 @@ int run(const Flags& flags) {
   if (main_process) {
     std::printf("Final val loss: %.4f\n", val_loss);
     std::printf("Total Training Time: %.2f seconds\n", total_seconds);
+    if (ranks > 1) {
+      const auto& stats = trainer.comm_stats();
+      std::printf("Gradient communication: %zu bucket%s, %.3f s waiting, %.3f s overlapped with backward\n",
+                  trainer.bucket_count(), trainer.bucket_count() == 1 ? "" : "s", stats.waiting_seconds,
+                  stats.overlap_seconds);
+    }
     if (!flags.export_path.empty()) std::printf("Exported the model to %s\n", flags.export_path.c_str());
     if (!flags.project_dir.empty())
       std::printf("Checkpoints in %s/checkpoints (continue with --resume latest)\n", flags.project_dir.c_str());

@@ -1,11 +1,15 @@
 #pragma once
-// What the examples share: command-line number parsing with clear errors, and the start-up line
-// naming the build's kernels.
+// What the examples share: command-line parsing with clear errors (FlagParser), and the start-up
+// line naming the build's kernels.
 
+#include <concepts>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <xtrain/xtrain.hpp>
 
@@ -34,6 +38,90 @@ inline double parse_positive(std::string_view flag, const char* text, const char
     fail_usage(std::string(flag) + " expects a positive number, got '" + text + "'", usage);
   return v;
 }
+
+/// An example's command line: each flag bound to the variable it sets, then parse(argc, argv).
+/// `--help`/`-h` prints the usage and exits 0; an unknown flag, a missing value or a value of the
+/// wrong kind prints "error: ..." naming the flag, and the usage, and exits 2.
+class FlagParser {
+ public:
+  explicit FlagParser(const char* usage) : usage_(usage) {}
+
+  /// Any text (a path, a name).
+  FlagParser& text(const char* flag, std::string& v) {
+    return add(flag, [&v](const char* value) { v = value; });
+  }
+  /// One of `allowed`.
+  FlagParser& choice(const char* flag, std::string& v, std::vector<std::string> allowed) {
+    return add(flag, [this, flag, &v, allowed = std::move(allowed)](const char* value) {
+      for (const auto& a : allowed)
+        if (a == value) {
+          v = value;
+          return;
+        }
+      std::string list;
+      for (std::size_t i = 0; i < allowed.size(); ++i)
+        list += (i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ") + allowed[i];
+      fail_usage(std::string(flag) + " expects " + list + ", got '" + value + "'", usage_);
+    });
+  }
+  /// A positive integer (`zero_ok`: or 0).
+  template <std::unsigned_integral U>
+  FlagParser& count(const char* flag, U& v, bool zero_ok = false) {
+    return add(flag, [this, flag, &v, zero_ok](const char* value) {
+      v = zero_ok && std::string_view(value) == "0" ? U{0} : static_cast<U>(parse_count(flag, value, usage_));
+    });
+  }
+  /// A positive number (`zero_ok`: or 0).
+  template <std::floating_point F>
+  FlagParser& number(const char* flag, F& v, bool zero_ok = false) {
+    return add(flag, [this, flag, &v, zero_ok](const char* value) {
+      char* end = nullptr;
+      if (zero_ok && *value != '\0' && std::strtod(value, &end) == 0.0 && *end == '\0') {
+        v = F{0};
+        return;
+      }
+      v = static_cast<F>(parse_positive(flag, value, usage_));
+    });
+  }
+  /// A flag without a value: sets v to true.
+  FlagParser& toggle(const char* flag, bool& v) {
+    flags_.push_back({flag, false, [&v](const char*) { v = true; }});
+    return *this;
+  }
+
+  void parse(int argc, char** argv) const {
+    for (int i = 1; i < argc; ++i) {
+      const std::string_view arg = argv[i];
+      if (arg == "--help" || arg == "-h") {
+        std::fputs(usage_, stdout);
+        std::exit(0);
+      }
+      const Flag* f = nullptr;
+      for (const auto& candidate : flags_)
+        if (candidate.name == arg) f = &candidate;
+      if (f == nullptr) fail_usage("unknown option '" + std::string(arg) + "'", usage_);
+      if (!f->takes_value) {
+        f->set(nullptr);
+        continue;
+      }
+      if (i + 1 >= argc) fail_usage(std::string(arg) + " needs a value", usage_);
+      f->set(argv[++i]);
+    }
+  }
+
+ private:
+  struct Flag {
+    std::string name;
+    bool takes_value;
+    std::function<void(const char*)> set;
+  };
+  FlagParser& add(const char* flag, std::function<void(const char*)> set) {
+    flags_.push_back({flag, true, std::move(set)});
+    return *this;
+  }
+  const char* usage_;
+  std::vector<Flag> flags_;
+};
 
 /// What the build's kernels are, and a note when the chosen precision is not accelerated.
 inline void report_kernels(const std::string& precision) {

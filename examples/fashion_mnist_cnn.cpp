@@ -61,54 +61,23 @@ constexpr const char* usage =
 
 Flags parse(int argc, char** argv) {
   Flags f;
-  auto count = [](std::string_view flag, const char* v) { return example::parse_count(flag, v, usage); };
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(usage, stdout);
-      std::exit(0);
-    }
-    if (arg == "--sync-bn") {
-      f.sync_bn = true;
-      continue;
-    }
-    if (i + 1 >= argc) example::fail_usage(std::string("unknown or incomplete option '") + argv[i] + "'", usage);
-    const char* value = argv[++i];
-    if (arg == "--data")
-      f.data = value;
-    else if (arg == "--model")
-      f.model = value;
-    else if (arg == "--epochs")
-      f.epochs = count(arg, value);
-    else if (arg == "--batch")
-      f.batch = count(arg, value);
-    else if (arg == "--global-batch")
-      f.global_batch = count(arg, value);
-    else if (arg == "--limit")
-      f.limit = count(arg, value);
-    else if (arg == "--seed")
-      f.seed = count(arg, value);
-    else if (arg == "--lr")
-      f.lr = static_cast<float>(example::parse_positive(arg, value, usage));
-    else if (arg == "--precision")
-      f.precision = value;
-    else if (arg == "--project-dir")
-      f.project_dir = value;
-    else if (arg == "--checkpoint-every-steps")
-      f.checkpoint_every_steps = count(arg, value);
-    else if (arg == "--resume")
-      f.resume = value;
-    else if (arg == "--export")
-      f.export_path = value;
-    else if (arg == "--profile")
-      f.profile_dir = value;
-    else
-      example::fail_usage(std::string("unknown option '") + argv[i - 1] + "'", usage);
-  }
-  if (f.model != "lenet" && f.model != "convbn" && f.model != "resnet")
-    example::fail_usage("--model expects lenet, convbn or resnet, got '" + f.model + "'", usage);
-  if (f.precision != "fp32" && f.precision != "bf16" && f.precision != "fp16")
-    example::fail_usage("--precision expects fp32, bf16 or fp16, got '" + f.precision + "'", usage);
+  example::FlagParser(usage)
+      .text("--data", f.data)
+      .choice("--model", f.model, {"lenet", "convbn", "resnet"})
+      .count("--epochs", f.epochs)
+      .count("--batch", f.batch)
+      .count("--global-batch", f.global_batch)
+      .count("--limit", f.limit)
+      .count("--seed", f.seed)
+      .number("--lr", f.lr)
+      .choice("--precision", f.precision, {"fp32", "bf16", "fp16"})
+      .toggle("--sync-bn", f.sync_bn)
+      .text("--project-dir", f.project_dir)
+      .count("--checkpoint-every-steps", f.checkpoint_every_steps)
+      .text("--resume", f.resume)
+      .text("--export", f.export_path)
+      .text("--profile", f.profile_dir)
+      .parse(argc, argv);
   if (f.resume == "latest" && f.project_dir.empty()) example::fail_usage("--resume latest needs --project-dir", usage);
   if (f.checkpoint_every_steps && f.project_dir.empty())
     example::fail_usage("--checkpoint-every-steps needs --project-dir", usage);

@@ -85,73 +85,35 @@ constexpr const char* usage =
 
 [[noreturn]] void fail_usage(const std::string& message) { example::fail_usage(message, usage); }
 
-std::size_t parse_count(std::string_view flag, const char* text) { return example::parse_count(flag, text, usage); }
-
 Flags parse(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(usage, stdout);
-      std::exit(0);
-    }
-    if (arg == "--scale-lr" || arg == "--sync-bn" || arg == "--shard-optimizer") {
-      (arg == "--scale-lr" ? f.scale_lr : arg == "--sync-bn" ? f.sync_bn : f.shard_optimizer) = true;
-      continue;
-    }
-    if (arg == "--estimate-memory" || arg == "--verify") {
-      (arg == "--estimate-memory" ? f.estimate_memory : f.verify_memory) = true;
-      continue;
-    }
-    if (i + 1 >= argc) fail_usage(std::string("unknown or incomplete option '") + argv[i] + "'");
-    const char* value = argv[++i];
-    if (arg == "--data")
-      f.data = value;
-    else if (arg == "--epochs")
-      f.epochs = parse_count(arg, value);
-    else if (arg == "--batch")
-      f.batch = parse_count(arg, value);
-    else if (arg == "--hidden")
-      f.hidden = parse_count(arg, value);
-    else if (arg == "--activation")
-      f.activation = value;
-    else if (arg == "--seed")
-      f.seed = parse_count(arg, value);
-    else if (arg == "--global-batch")
-      f.global_batch = parse_count(arg, value);
-    else if (arg == "--accumulate")
-      f.accumulate = parse_count(arg, value);
-    else if (arg == "--deterministic")
-      f.deterministic = parse_count(arg, value);
-    else if (arg == "--project-dir")
-      f.project_dir = value;
-    else if (arg == "--checkpoint-every-steps")
-      f.checkpoint_every_steps = parse_count(arg, value);
-    else if (arg == "--total-limit")
-      f.total_limit = parse_count(arg, value);
-    else if (arg == "--resume")
-      f.resume = value;
-    else if (arg == "--export")
-      f.export_path = value;
-    else if (arg == "--precision")
-      f.precision = value;
-    else if (arg == "--profile")
-      f.profile_dir = value;
-    else if (arg == "--profile-steps")
-      f.profile_steps = value == std::string_view("0") ? 0 : parse_count(arg, value);
-    else if (arg == "--compress-grads")
-      f.compress = value;
-    else if (arg == "--clip-norm")
-      f.clip_norm = example::parse_positive(arg, value, usage);
-    else if (arg == "--lr")
-      f.lr = static_cast<float>(example::parse_positive(arg, value, usage));
-    else
-      fail_usage(std::string("unknown option '") + argv[i - 1] + "'");
-  }
-  if (f.precision != "fp32" && f.precision != "bf16" && f.precision != "fp16")
-    fail_usage("--precision expects fp32, bf16 or fp16, got '" + f.precision + "'");
-  if (f.compress != "none" && f.compress != "bf16" && f.compress != "fp16")
-    fail_usage("--compress-grads expects bf16 or fp16, got '" + f.compress + "'");
+  example::FlagParser(usage)
+      .text("--data", f.data)
+      .count("--epochs", f.epochs)
+      .count("--batch", f.batch)
+      .count("--hidden", f.hidden)
+      .choice("--activation", f.activation, {"relu", "tanh", "sigmoid", "gelu", "gelu_tanh", "silu"})
+      .number("--lr", f.lr)
+      .count("--seed", f.seed)
+      .count("--global-batch", f.global_batch)
+      .toggle("--scale-lr", f.scale_lr)
+      .toggle("--sync-bn", f.sync_bn)
+      .count("--accumulate", f.accumulate)
+      .number("--clip-norm", f.clip_norm)
+      .toggle("--shard-optimizer", f.shard_optimizer)
+      .count("--deterministic", f.deterministic)
+      .text("--project-dir", f.project_dir)
+      .count("--checkpoint-every-steps", f.checkpoint_every_steps)
+      .count("--total-limit", f.total_limit)
+      .text("--resume", f.resume)
+      .text("--export", f.export_path)
+      .choice("--precision", f.precision, {"fp32", "bf16", "fp16"})
+      .choice("--compress-grads", f.compress, {"bf16", "fp16"})
+      .text("--profile", f.profile_dir)
+      .count("--profile-steps", f.profile_steps, true)
+      .toggle("--estimate-memory", f.estimate_memory)
+      .toggle("--verify", f.verify_memory)
+      .parse(argc, argv);
   if (f.resume == "latest" && f.project_dir.empty()) fail_usage("--resume latest needs --project-dir");
   if (f.verify_memory && !f.estimate_memory) fail_usage("--verify goes with --estimate-memory");
   if ((f.checkpoint_every_steps || f.total_limit) && f.project_dir.empty())
