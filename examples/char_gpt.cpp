@@ -83,7 +83,7 @@ Flags parse(int argc, char** argv) {
       .number("--clip", f.clip, true)
       .choice("--schedule", f.schedule, {"constant", "cosine"})
       .count("--warmup", f.warmup, true)
-      .count("--seed", f.seed)
+      .count("--seed", f.seed, true)
       .choice("--precision", f.precision, {"fp32", "bf16", "fp16"})
       .count("--eval-every", f.eval_every)
       .count("--eval-iters", f.eval_iters)
@@ -103,6 +103,31 @@ Flags parse(int argc, char** argv) {
 
 using clock_type = std::chrono::steady_clock;
 
+// Saved with every checkpoint: the model's sizes and the corpus's characters. A resume with other
+// --heads (no parameter shape shows it) or another corpus (same vocabulary size, other characters)
+// is refused by name instead of training on silently.
+struct RunRecord {
+  xtrain::layers::GPTConfig config;
+  std::string chars;
+  template <class Archive>
+  void serialize(Archive& ar, unsigned /*version*/) {
+    std::size_t saved[] = {config.vocab, config.block, config.layers, config.heads, config.embd};
+    std::string saved_chars = chars;
+    for (std::size_t& v : saved) ar& v;
+    ar& saved_chars;
+    if constexpr (Archive::is_loading::value) {
+      const std::size_t mine[] = {config.vocab, config.block, config.layers, config.heads, config.embd};
+      const char* flag[] = {"the corpus's vocabulary size", "--block", "--layers", "--heads", "--embd"};
+      for (std::size_t i = 0; i < 5; ++i)
+        XTRAIN_CHECK(saved[i] == mine[i], CheckpointError, "the checkpoint was trained with ", flag[i], " ", saved[i],
+                     ", this run has ", mine[i], ": resume with the checkpoint's model flags and corpus");
+      XTRAIN_CHECK(saved_chars == chars, CheckpointError,
+                   "the checkpoint was trained on a corpus of other characters (same vocabulary size): resume with "
+                   "its --corpus");
+    }
+  }
+};
+
 // Characters drawn one at a time from the model's distribution over the next character, given
 // the last `block` characters (starting from a newline).
 template <class Trainer>
@@ -112,7 +137,6 @@ std::string generate(Trainer& trainer, const xtrain::data::CharVocab& vocab, con
   xtrain::Generator gen(flags.seed, xtrain::streams::user | 1);
   xtrain::Tensor<std::int32_t> context;
   std::vector<float> p(config.vocab);
-  std::vector<std::size_t> order(config.vocab);
   std::string text;
   for (std::size_t n = 0; n < flags.sample; ++n) {
     const std::size_t t = std::min(ids.size(), config.block);
@@ -127,9 +151,17 @@ std::string generate(Trainer& trainer, const xtrain::data::CharVocab& vocab, con
       std::nth_element(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(flags.top_k - 1), p.end(), std::greater<>());
       cut = p[flags.top_k - 1];
     }
+    // Exactly top_k candidates: those above the k-th largest logit, then the first of those tied with it.
+    std::size_t ties = flags.top_k == 0 ? config.vocab : flags.top_k;
+    for (std::size_t j = 0; j < config.vocab; ++j) ties -= last[j] > cut && ties > 0 ? 1 : 0;
     double sum = 0.0;
     for (std::size_t j = 0; j < config.vocab; ++j) {
-      p[j] = last[j] < cut ? 0.0f : std::exp((last[j] - top) / flags.temperature);
+      bool keep = last[j] > cut;
+      if (!keep && last[j] == cut && ties > 0) {
+        keep = true;
+        --ties;
+      }
+      p[j] = keep ? std::exp((last[j] - top) / flags.temperature) : 0.0f;
       sum += p[j];
     }
     double u = gen.uniform() * sum;
@@ -149,6 +181,7 @@ int run(const Flags& flags) {
   xtrain::parallel::MpiAllReduce comm;
   const bool main_process = comm.rank() == 0;
   const std::size_t ranks = comm.size(), rank = comm.rank();
+  if (main_process && !flags.export_path.empty()) example::check_writable(flags.export_path, "--export");
   const auto [vocab, train, val] = xtrain::data::char_text(flags.corpus, flags.block);
   xtrain::set_seed(flags.seed);
   xtrain::layers::GPT model(
@@ -192,8 +225,18 @@ int run(const Flags& flags) {
         static_cast<unsigned long long>(flags.seed), Precision::name);
     example::report_kernels(flags.precision);
   }
+  RunRecord record{trainer.model().config(), vocab.chars()};
+  trainer.register_for_checkpointing(record);
   if (!flags.resume.empty()) {
-    const std::string from = trainer.resume(flags.resume);
+    std::string from;
+    try {
+      from = trainer.resume(flags.resume);
+    } catch (const xtrain::CheckpointError& e) {
+      throw xtrain::CheckpointError(std::string(e.what()) + " (this run: --layers " + std::to_string(flags.layers) +
+                                    " --heads " + std::to_string(flags.heads) + " --embd " +
+                                    std::to_string(flags.embd) + " --block " + std::to_string(flags.block) +
+                                    " --corpus " + flags.corpus + ")");
+    }
     if (main_process)
       std::printf("Resumed from %s: %llu steps done\n", from.c_str(), static_cast<unsigned long long>(trainer.step()));
   }
@@ -205,33 +248,40 @@ int run(const Flags& flags) {
   const std::size_t share = global / ranks, extra = global % ranks;
   const std::size_t offset = rank * share + std::min(rank, extra), mine = share + (rank < extra ? 1 : 0);
   xtrain::Tensor<std::int32_t> x, y;
-  xtrain::StopSignals signals;
   double trained_seconds = 0.0, total_seconds = 0.0, val_loss = 0.0;
   std::size_t tokens_since = 0;
-  for (std::uint64_t step = trainer.step(); step < flags.iters;) {
-    const auto start = clock_type::now();
-    train.draw(flags.seed, step, offset, mine, x, y);
-    trainer.train_step(x, y, offset, global);
-    step = trainer.step();
-    const double seconds = std::chrono::duration<double>(clock_type::now() - start).count();
-    trained_seconds += seconds;
-    total_seconds += seconds;
-    tokens_since += global * flags.block;
-    trainer.stop_if_signalled(signals);
-    if (step % flags.eval_every == 0 || step == flags.iters) {
-      const double train_loss = trainer.evaluate(train_eval).loss;
-      val_loss = trainer.evaluate(val_eval).loss;
-      if (main_process)
-        std::printf("step %llu: train loss %.4f, val loss %.4f, %.0f tokens/s\n", static_cast<unsigned long long>(step),
-                    train_loss, val_loss, static_cast<double>(tokens_since) / trained_seconds);
-      std::fflush(stdout);
-      tokens_since = 0;
-      trained_seconds = 0.0;
-      if (!flags.project_dir.empty()) trainer.save_checkpoint();
+  // SIGTERM, SIGINT, SIGUSR1 during training: a checkpoint at the end of the step (with
+  // --project-dir), then exit code 75. Outside the loop (sampling, export) they act as usual.
+  {
+    xtrain::StopSignals signals;
+    for (std::uint64_t step = trainer.step(); step < flags.iters;) {
+      const auto start = clock_type::now();
+      train.draw(flags.seed, step, offset, mine, x, y);
+      trainer.train_step(x, y, offset, global);
+      step = trainer.step();
+      const double seconds = std::chrono::duration<double>(clock_type::now() - start).count();
+      trained_seconds += seconds;
+      total_seconds += seconds;
+      tokens_since += global * flags.block;
+      trainer.stop_if_signalled(signals);
+      if (step % flags.eval_every == 0 || step == flags.iters) {
+        const double train_loss = trainer.evaluate(train_eval).loss;
+        val_loss = trainer.evaluate(val_eval).loss;
+        if (main_process)
+          std::printf("step %llu: train loss %.4f, val loss %.4f, %.0f tokens/s\n",
+                      static_cast<unsigned long long>(step), train_loss, val_loss,
+                      static_cast<double>(tokens_since) / trained_seconds);
+        std::fflush(stdout);
+        tokens_since = 0;
+        trained_seconds = 0.0;
+        if (!flags.project_dir.empty()) trainer.save_checkpoint();
+      }
     }
   }
   if (trainer.step() >= flags.iters && total_seconds == 0.0) {
-    if (main_process) std::printf("Nothing to train: the checkpoint already completed %zu steps\n", flags.iters);
+    if (main_process)
+      std::printf("Nothing to train: the checkpoint has %llu steps done, --iters is %zu\n",
+                  static_cast<unsigned long long>(trainer.step()), flags.iters);
     val_loss = trainer.evaluate(val_eval).loss;
   }
   if (!flags.export_path.empty()) trainer.save_model(flags.export_path);

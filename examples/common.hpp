@@ -2,9 +2,12 @@
 // What the examples share: command-line parsing with clear errors (FlagParser), and the start-up
 // line naming the build's kernels.
 
+#include <cerrno>
 #include <concepts>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -122,6 +125,22 @@ class FlagParser {
   const char* usage_;
   std::vector<Flag> flags_;
 };
+
+/// Fails (a ValueError naming `flag`) unless a file can be created at `path`, as the model export
+/// at the end of training will (its folder is created if missing): a typo in the path shows before
+/// the training, not after it.
+inline void check_writable(const std::string& path, const char* flag) {
+  namespace fs = std::filesystem;
+  const fs::path parent = fs::path(path).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  const std::string probe = path + ".tmp";
+  std::FILE* f = std::fopen(probe.c_str(), "wb");
+  XTRAIN_CHECK(f != nullptr, ValueError, flag, " ", path, ": cannot create a file there (",
+               ec ? ec.message() : std::string(std::strerror(errno)), ")");
+  std::fclose(f);
+  std::remove(probe.c_str());
+}
 
 /// What the build's kernels are, and a note when the chosen precision is not accelerated.
 inline void report_kernels(const std::string& precision) {

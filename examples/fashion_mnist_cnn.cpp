@@ -68,7 +68,7 @@ Flags parse(int argc, char** argv) {
       .count("--batch", f.batch)
       .count("--global-batch", f.global_batch)
       .count("--limit", f.limit)
-      .count("--seed", f.seed)
+      .count("--seed", f.seed, true)
       .number("--lr", f.lr)
       .choice("--precision", f.precision, {"fp32", "bf16", "fp16"})
       .toggle("--sync-bn", f.sync_bn)
@@ -88,6 +88,7 @@ template <class Precision, class Model>
 int run_training(const Flags& flags, Model model) {
   xtrain::parallel::MpiAllReduce comm;
   const bool main_process = comm.rank() == 0;
+  if (main_process && !flags.export_path.empty()) example::check_writable(flags.export_path, "--export");
   const std::size_t ranks = comm.size();
   auto [train, test] = xtrain::data::load_folder(flags.data);
   XTRAIN_CHECK(train.feature_count() == 28 * 28 && train.num_classes() <= 10, DataError, flags.data,

@@ -94,7 +94,7 @@ Flags parse(int argc, char** argv) {
       .count("--hidden", f.hidden)
       .choice("--activation", f.activation, {"relu", "tanh", "sigmoid", "gelu", "gelu_tanh", "silu"})
       .number("--lr", f.lr)
-      .count("--seed", f.seed)
+      .count("--seed", f.seed, true)
       .count("--global-batch", f.global_batch)
       .toggle("--scale-lr", f.scale_lr)
       .toggle("--sync-bn", f.sync_bn)
@@ -130,6 +130,7 @@ int run_training(const Flags& flags) {
                           : flags.compress == "fp16" ? xtrain::parallel::Compression::fp16
                                                      : xtrain::parallel::Compression::none);
   const bool main_process = comm.rank() == 0;
+  if (main_process && !flags.export_path.empty()) example::check_writable(flags.export_path, "--export");
   const std::size_t ranks = comm.size();
   auto [train, test] = xtrain::data::load_folder(flags.data);
   train.with_sample_shape(xtrain::Shape{train.feature_count()});  // rows, whatever the files' sample shape

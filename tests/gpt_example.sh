@@ -7,6 +7,9 @@
 #                                        latest: the same losses, byte-identical safetensors
 #   gpt_example.sh mpi     EXAMPLE WORK  mpirun -np 2 then 1 process at a global batch of 12: the
 #                                        same validation loss to 1 % (the sums' order differs)
+#   gpt_example.sh sigterm EXAMPLE WORK  SIGTERM mid-training: exit code 75 with a checkpoint that
+#                                        --resume latest continues; a resume with other --heads
+#                                        is refused by name
 set -uo pipefail
 mode=$1
 example=$2
@@ -54,5 +57,27 @@ case "$mode" in
     grep -q '^AdamW.*| 2 processes' "$work/np2" || { cat "$work/np2"; echo "FAIL: not 2 processes"; exit 1; }
     awk -v a="${l1:-0}" -v b="${l2:-9}" 'BEGIN { r = (a - b) / a; exit !(r <= 0.01 && r >= -0.01) }' ||
       { echo "FAIL: 1 and 2 processes trained differently"; exit 1; }
+    ;;
+  sigterm)
+    args=(--corpus "$corpus" --layers 2 --embd 32 --heads 2 --block 32 --batch 8 --eval-every 20 --eval-iters 1
+          --sample 0)
+    "$example" "${args[@]}" --iters 1000000 --project-dir "$work/project" > "$work/stopped" 2>&1 &
+    pid=$!
+    for _ in $(seq 600); do grep -q '^step 20:' "$work/stopped" && break; sleep 0.1; done
+    kill -TERM "$pid"
+    wait "$pid"
+    rc=$?
+    grep 'received SIGTERM' "$work/stopped"
+    [ "$rc" -eq 75 ] && grep -q 'checkpoint saved to' "$work/stopped" ||
+      { cat "$work/stopped"; echo "FAIL: SIGTERM gave exit code $rc, expected 75 with a checkpoint"; exit 1; }
+    done_steps=$(sed -n 's/.*received SIGTERM at epoch 1 step \([0-9]*\):.*/\1/p' "$work/stopped")
+    run "$work/resumed" "$example" "${args[@]}" --iters $((done_steps + 20)) --project-dir "$work/project" \
+      --resume latest
+    grep -E '^(Resumed|step|Final)' "$work/resumed"
+    grep -q "^step $((done_steps + 20)):" "$work/resumed" || { echo "FAIL: the resumed run did not train on"; exit 1; }
+    "$example" "${args[@]}" --heads 4 --iters 60 --project-dir "$work/project" --resume latest > "$work/other" 2>&1
+    grep -q 'trained with --heads 2, this run has 4' "$work/other" ||
+      { cat "$work/other"; echo "FAIL: a resume with other --heads was not refused by name"; exit 1; }
+    echo "a resume with --heads 4 is refused: $(grep -o 'the checkpoint was trained with --heads 2[^:]*' "$work/other")"
     ;;
 esac

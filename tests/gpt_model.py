@@ -104,8 +104,8 @@ def param_groups(model, weight_decay):
 
 
 def corpus_files(path):
-    """The corpus files: path itself, or the regular files (no symlinks, no subfolders) directly in
-    the folder path, sorted byte-wise by name, less those ending in .dat or .u8."""
+    """The corpus files: path itself, or the regular files (a link to one counts; no subfolders)
+    directly in the folder path, sorted byte-wise by name, less those ending in .dat or .u8."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"corpus {path} does not exist (Debian's fortunes package installs "
                                 f"{DEFAULT_CORPUS}; or pass a text file or folder)")
@@ -113,7 +113,7 @@ def corpus_files(path):
         return [path]
     names = sorted(os.listdir(os.fsencode(path)))  # bytes: a byte-wise sort
     files = [os.path.join(os.fsencode(path), n) for n in names if not n.endswith((b".dat", b".u8"))]
-    files = [os.fsdecode(f) for f in files if os.path.isfile(f) and not os.path.islink(f)]
+    files = [os.fsdecode(f) for f in files if os.path.isfile(f)]
     if not files:
         raise ValueError(f"corpus folder {path} holds no regular file (other than *.dat, *.u8)")
     return files

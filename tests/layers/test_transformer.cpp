@@ -239,7 +239,11 @@ TEST_CASE("Text corpus: file order, skipped files, vocabulary, windows and rando
   write("a", "hello ");
   write("a.dat", "INDEX");
   fs::create_symlink(dir / "a", dir / "a.u8");
-  fs::create_symlink(dir / "b", dir / "link");
+  fs::create_symlink(dir / "b", dir / "c_link");  // a link to a file counts
+  fs::create_symlink(dir / "missing", dir / "d_dangling");
+  fs::create_directories(dir / "e_folder");
+  CHECK(data::read_corpus(dir.string()) == "hello bca\nbca\n");
+  fs::remove(dir / "c_link");
   CHECK(data::read_corpus(dir.string()) == "hello bca\n");
   CHECK(data::read_corpus((dir / "b").string()) == "bca\n");
 
@@ -275,7 +279,9 @@ TEST_CASE("Text corpus: file order, skipped files, vocabulary, windows and rando
   for (std::size_t i = 0; i < 5; ++i) same += split.train.random_start(7, 12, i) == split.train.random_start(7, 13, i);
   CHECK(same < 5);
 
-  CHECK_THROWS_WITH(data::char_text(dir.string(), 30), Catch::Contains("too few for windows of 30"));
+  CHECK_THROWS_WITH(data::char_text(dir.string(), 30), Catch::Contains("use a shorter block"));
+  CHECK_THROWS_WITH(data::TokenWindows().random_start(1, 2, 3), Catch::Contains("no windows"));
+  CHECK(!data::CharVocab().contains('a'));
   CHECK_THROWS_WITH(data::read_corpus((dir / "missing").string()), Catch::Contains("apt-get install fortunes"));
   fs::remove_all(dir);
 }

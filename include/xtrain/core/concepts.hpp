@@ -66,17 +66,22 @@ concept ModuleFor = (std::same_as<T, float> && HasForward<L> && HasBackward<L>) 
                     requires(L& layer, Context& ctx, const Tensor<T>& x) {
   { layer.forward(ctx, x) } -> std::same_as<const Tensor<T>&>;
   { layer.backward(ctx, x) } -> std::same_as<const Tensor<T>&>;
-}
-|| TokenModuleFor<L, T>;
+};
 
-/// Fails compilation with a readable message when a module cannot run with T activations.
+/// What an engine can train with T activations: a ModuleFor<M, T>, or a model of token ids
+/// (TokenModuleFor<M, T>). Containers take ModuleFor children only: a model of token ids is the
+/// root (GPT), which calls its embeddings itself.
+template <class M, class T>
+concept ModelFor = ModuleFor<M, T> || TokenModuleFor<M, T>;
+
+/// Fails compilation with a readable message when a model cannot run with T activations.
 template <class L, class T>
 consteval bool check_module_for() {
-  static_assert(ModuleFor<L, T>,
+  static_assert(ModelFor<L, T>,
                 "xtrain: this module cannot run under MixedPrecision: it needs `forward` and `backward` over "
                 "Tensor<T> for the policy's storage type (make them templates over xtrain::ActivationType T, as "
                 "the built-in modules are)");
-  return ModuleFor<L, T>;
+  return ModelFor<L, T>;
 }
 
 /// What an optimizer step needs besides parameters and gradients.

@@ -171,6 +171,16 @@ const Tensor<T>& forward_tokens(Context& ctx, M& module, const Tensor<std::int32
   return module.template forward<T>(ctx, ids);
 }
 
+/// Reports `module`'s own parameters ready (their gradients final for this backward), as
+/// xtrain::backward does after a backward: for a module whose gradient its owner added itself.
+template <class M>
+void report_gradients_ready(Context& ctx, M& module) {
+  if (ctx.grads_ready) {
+    detail::ReadyReporter r{ctx};
+    module.visit(r);
+  }
+}
+
 /// Runs `module.backward(ctx, dy)` and then reports the module's own parameters ready: what
 /// containers (and the engine, for the root) call on a child. A container that calls a child's
 /// backward directly instead leaves that child's gradient buckets waiting (an error names the
@@ -180,10 +190,7 @@ decltype(auto) backward(Context& ctx, M& module, const DY& dy) {
   auto scope =
       ctx.profiler ? ctx.profiler->module_scope(module, profile::Category::backward, dy) : profile::Profiler::Scope{};
   decltype(auto) dx = module.backward(ctx, dy);
-  if (ctx.grads_ready) {
-    detail::ReadyReporter r{ctx};
-    module.visit(r);
-  }
+  report_gradients_ready(ctx, module);
   return dx;
 }
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -28,9 +29,10 @@ namespace xtrain::data {
 /// Where char_gpt looks for text when given none: Debian's `fortunes` package.
 inline constexpr const char* default_corpus = "/usr/share/games/fortunes";
 
-/// The bytes of `path`: a file, or every regular file directly in a folder, in byte order of their
-/// names, concatenated. In a folder, names ending in `.dat` or `.u8` (the fortune program's index
-/// files and links) and symbolic links are skipped. Throws DataError when there is nothing to read.
+/// The bytes of `path`: a file, or every regular file directly in a folder (a link to one counts),
+/// in byte order of their names, concatenated. In a folder, names ending in `.dat` or `.u8` (the
+/// fortune program's index files and its links to the texts) are skipped. Throws DataError when
+/// there is nothing to read.
 inline std::string read_corpus(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -39,10 +41,14 @@ inline std::string read_corpus(const std::string& path) {
                ": no such file or folder (char_gpt reads Debian's fortunes package by default: apt-get install "
                "fortunes, or give --corpus FILE_OR_FOLDER)");
   std::vector<std::string> files;
+  std::size_t skipped = 0;
   if (fs::is_directory(status)) {
     for (const auto& entry : fs::directory_iterator(path)) {
       const std::string name = entry.path().filename().string();
-      if (entry.is_symlink() || !entry.is_regular_file() || name.ends_with(".dat") || name.ends_with(".u8")) continue;
+      if (!entry.is_regular_file() || name.ends_with(".dat") || name.ends_with(".u8")) {
+        ++skipped;
+        continue;
+      }
       files.push_back(entry.path().string());
     }
     std::sort(files.begin(), files.end());
@@ -54,14 +60,15 @@ inline std::string read_corpus(const std::string& path) {
     const std::vector<unsigned char> bytes = read_file_bytes(f);
     text.append(bytes.begin(), bytes.end());
   }
-  XTRAIN_CHECK(!text.empty(), DataError, path, ": no text (", files.size(), " files read)");
+  XTRAIN_CHECK(!text.empty(), DataError, path, ": no text (", files.size(), " files read; ", skipped,
+               " entries skipped: folders, *.dat, *.u8, links to nothing)");
   return text;
 }
 
 /// The distinct bytes of a text, sorted: token id i is the i-th of them.
 class CharVocab {
  public:
-  CharVocab() = default;
+  CharVocab() { ids_.fill(-1); }
   explicit CharVocab(std::string_view text) {
     std::array<bool, 256> seen{};
     for (const char c : text) seen[static_cast<unsigned char>(c)] = true;
@@ -69,7 +76,7 @@ class CharVocab {
       if (seen[b]) chars_.push_back(static_cast<char>(b));
     rebuild();
   }
-  /// From the characters themselves (a checkpoint's or an export's vocabulary).
+  /// From the characters themselves (a vocabulary saved as its chars()).
   static CharVocab from_chars(std::string chars) {
     CharVocab v;
     v.chars_ = std::move(chars);
@@ -135,6 +142,8 @@ class TokenWindows {
     XTRAIN_CHECK(block_ > 0, ValueError, source_, ": the window length must be positive");
     XTRAIN_CHECK(tokens_->size() > block_, DataError, source_, ": ", tokens_->size(),
                  " tokens are too few for windows of ", block_, " (and the token after them)");
+    XTRAIN_CHECK(size() <= 0xFFFFFFFFu, DataError, source_, ": ", size(),
+                 " windows; data sets index samples with 32 bits (split the text)");
   }
 
   /// Number of windows (start positions).
@@ -155,7 +164,8 @@ class TokenWindows {
 
   /// The start of sample `sample` of random batch `key` under `seed`: uniform over the windows, a
   /// pure function of (seed, key, sample).
-  std::size_t random_start(std::uint64_t seed, std::uint64_t key, std::size_t sample) const noexcept {
+  std::size_t random_start(std::uint64_t seed, std::uint64_t key, std::size_t sample) const {
+    XTRAIN_CHECK(size() > 0, ValueError, "TokenWindows: no windows to draw from (a default-constructed set?)");
     const auto w = random_block(seed, streams::text | key, sample);
     const std::uint64_t r = (static_cast<std::uint64_t>(w[0]) << 32) | w[1];
     return static_cast<std::size_t>(r % size());
@@ -230,7 +240,9 @@ inline TextSplit char_text(const std::string& path, std::size_t block, double tr
   std::vector<std::int32_t> val(ids.begin() + static_cast<std::ptrdiff_t>(cut), ids.end());
   ids.resize(cut);
   XTRAIN_CHECK(val.size() > block && ids.size() > block, DataError, path, ": ", text.size(),
-               " characters are too few for windows of ", block, " in both the training and the validation part");
+               " characters are too few for windows of ", block, " tokens: the validation part (the last ",
+               static_cast<int>(std::lround((1.0 - train_fraction) * 100)), " %, ", val.size(),
+               " characters) needs more than ", block, "; use a shorter block (--block) or more text");
   return {std::move(vocab), TokenWindows(std::move(ids), block, path + " (training part)"),
           TokenWindows(std::move(val), block, path + " (validation part)")};
 }

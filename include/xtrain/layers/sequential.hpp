@@ -55,6 +55,9 @@ class Sequential {
   // In the class body, so it fires when the type is formed, with check_module's message first.
   static_assert((check_module<unnamed_t<Layers>>() && ...));
   static_assert(sizeof...(Layers) > 0, "xtrain: Sequential needs at least one module");
+  static_assert(((HasForward<unnamed_t<Layers>> || !TokenModuleFor<unnamed_t<Layers>, float>)&&...),
+                "xtrain: a module of token ids (Embedding, GPT) cannot be a child of Sequential: write the model as "
+                "a module of its own that calls it with xtrain::forward_tokens<T> (as layers::GPT does)");
   static constexpr bool valid = (Module<unnamed_t<Layers>> && ...);
   static constexpr std::size_t count = sizeof...(Layers);
 

@@ -9,8 +9,8 @@
 ///       head.weight is wte.weight (weight tying: one parameter, its gradient the sum of both uses)
 ///
 /// Parameter names are those of a PyTorch module with members wte, wpe, blocks (a ModuleList of
-/// blocks with ln1, attn.qkv, attn.proj, ln2, mlp.0, mlp.2), ln_f and head: `--export` of the
-/// char_gpt example loads into it with strict=True.
+/// blocks with ln1, attn.qkv, attn.proj, ln2, mlp.0, mlp.2), ln_f and head: an export
+/// (Trainer::save_model) loads into tests/gpt_model.py's GPT with strict=True.
 
 #include <cmath>
 #include <cstddef>
@@ -127,23 +127,20 @@ class GPT {
     const Tensor<T>* d = &xtrain::backward(ctx, head_, dlogits);
     d = &xtrain::backward(ctx, ln_f_, *d);
     for (std::size_t i = blocks_.size(); i-- > 0;) d = &xtrain::backward(ctx, blocks_[i], *d);
-    // d: the gradient of wte(ids) + wpe(positions); wpe's is summed over the batch.
+    // d: the gradient of wte(ids) + wpe(positions). wpe's rows 0..t-1 get it summed over the batch,
+    // in fp32 straight into the gradient (a 16-bit sum would round, and overflow under fp16's loss
+    // scale where no single sample does).
     const std::size_t t = positions_.size(), batch = d->size() / (t * config_.embd), n = t * config_.embd;
-    dpos32_.resize({n});
-    float* acc = dpos32_.data();
-    std::fill(acc, acc + n, 0.0f);
+    float* g = wpe_.weight().grad();
     float chunk[512];
     for (std::size_t b = 0; b < batch; ++b)
       for (std::size_t i = 0; i < n; i += 512) {
         const std::size_t len = std::min<std::size_t>(512, n - i);
         kernels::to_float(d->data() + b * n + i, chunk, len);
-        for (std::size_t j = 0; j < len; ++j) acc[i + j] += chunk[j];
+        for (std::size_t j = 0; j < len; ++j) g[i + j] += chunk[j];
       }
-    Tensor<T>& dpos = dpos_.get<T>();
-    dpos.resize({t, config_.embd});
-    kernels::from_float(acc, dpos.data(), n);
+    report_gradients_ready(ctx, wpe_);
     xtrain::backward(ctx, wte_, *d);
-    xtrain::backward(ctx, wpe_, static_cast<const Tensor<T>&>(dpos));
     ctx.input_grad = want_input_grad;
     Tensor<T>& dx = dx_.get<T>();
     dx.resize({0});
@@ -187,9 +184,8 @@ class GPT {
   LayerNorm ln_f_;
   Linear head_;
   Tensor<std::int32_t> positions_;
-  Tensor<float> dpos32_;
   int type_ = 0;
-  ActivationBuffers x_, dpos_, dx_;
+  ActivationBuffers x_, dx_;
 };
 
 }  // namespace xtrain::layers
