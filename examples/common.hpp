@@ -142,6 +142,16 @@ inline void check_writable(const std::string& path, const char* flag) {
   std::remove(probe.c_str());
 }
 
+/// Runs `f.template operator()<Policy>()` with the precision policy `precision` names ("fp32",
+/// "bf16" or "fp16", as FlagParser's choice checked): an example's main instantiates its training
+/// for each policy and picks one at run time.
+template <class F>
+int with_precision(const std::string& precision, F&& f) {
+  if (precision == "bf16") return f.template operator()<xtrain::MixedPrecision<xtrain::bf16>>();
+  if (precision == "fp16") return f.template operator()<xtrain::MixedPrecision<xtrain::fp16>>();
+  return f.template operator()<xtrain::FullPrecision>();
+}
+
 /// What the build's kernels are, and a note when the chosen precision is not accelerated.
 inline void report_kernels(const std::string& precision) {
   namespace k = xtrain::kernels;

@@ -174,8 +174,6 @@ int main(int argc, char** argv) {
   xtrain::parallel::MpiEnvironment env{argc, argv};
   return env.run([&] {
     const Flags flags = parse(argc, argv);
-    if (flags.precision == "bf16") return run_model<xtrain::MixedPrecision<xtrain::bf16>>(flags);
-    if (flags.precision == "fp16") return run_model<xtrain::MixedPrecision<xtrain::fp16>>(flags);
-    return run_model<xtrain::FullPrecision>(flags);
+    return example::with_precision(flags.precision, [&]<class Precision>() { return run_model<Precision>(flags); });
   });
 }
