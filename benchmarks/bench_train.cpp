@@ -10,17 +10,13 @@
 #include <benchmark/benchmark.h>
 #include <xtrain/xtrain.hpp>
 
+#include "random.hpp"
+
 namespace nn = xtrain::layers;
+using bench::random_matrix;
 using xtrain::Matrix;
 
 namespace {
-Matrix random_matrix(std::size_t rows, std::size_t cols, std::uint64_t seed) {
-  Matrix m({rows, cols});
-  xtrain::Generator g(seed, xtrain::streams::user);
-  for (float& v : m) v = g.uniform(-1.0f, 1.0f);
-  return m;
-}
-
 /// Linear forward + backward; `first` = no input gradient (as the model's first layer).
 void BM_LinearForwardBackward(benchmark::State& state) {
   const auto batch = static_cast<std::size_t>(state.range(0)), in = static_cast<std::size_t>(state.range(1)),

@@ -35,8 +35,9 @@ def main():
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--bare", action="store_true",
                    help="no per-step loss/accuracy bookkeeping (no .item() sync): PyTorch's fastest loop")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (intra-op threads)")
     a = p.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     train_x, train_y = load(a.data, "train")
     test_x, test_y = load(a.data, "t10k")

@@ -33,12 +33,13 @@ struct Flags {
   float lr = 1e-3f, weight_decay = 0.1f, temperature = 1.0f, clip = 1.0f;
   std::uint64_t seed = 1337;
   std::string precision = "fp32", schedule = "constant", project_dir, resume, export_path;
+  std::size_t threads = 0;  // 0: the backend's default
 };
 
 constexpr const char* usage =
     "usage: [mpirun -np P] char_gpt [--corpus PATH] [--layers N] [--heads N] [--embd N] [--block N]\n"
     "           [--batch N | --global-batch N] [--iters N] [--lr X] [--weight-decay X] [--clip X]\n"
-    "           [--schedule constant|cosine] [--warmup N] [--seed N] [--precision fp32|bf16|fp16]\n"
+    "           [--schedule constant|cosine] [--warmup N] [--seed N] [--threads N] [--precision fp32|bf16|fp16]\n"
     "           [--eval-every N] [--eval-iters N] [--project-dir DIR] [--resume latest|DIR]\n"
     "           [--export FILE] [--sample N] [--temperature X] [--top-k N]\n"
     "  --corpus PATH     a text file, or a folder whose regular files are read in name order\n"
@@ -56,6 +57,8 @@ constexpr const char* usage =
     "  --schedule S      constant (default) or cosine (to lr/10 at the last step), after\n"
     "  --warmup N        N steps of linear warmup (default 0)\n"
     "  --seed N          seed of initialisation and batches (default 1337)\n"
+    "  --threads N       threads per process (default: $XTRAIN_NUM_THREADS, else $OMP_NUM_THREADS, else\n"
+    "                    the process's share of its cores: 1 each under mpirun -np 2 on 2 cores)\n"
     "  --precision P     fp32 (default), bf16 or fp16 (mixed precision: fp32 master weights)\n"
     "  --eval-every N    evaluate every N steps (default 500) on\n"
     "  --eval-iters M    M global batches of fixed random windows of each part (default 20)\n"
@@ -85,6 +88,7 @@ Flags parse(int argc, char** argv) {
       .count("--warmup", f.warmup, true)
       .count("--seed", f.seed, true)
       .choice("--precision", f.precision, {"fp32", "bf16", "fp16"})
+      .count("--threads", f.threads, true)
       .count("--eval-every", f.eval_every)
       .count("--eval-iters", f.eval_iters)
       .text("--project-dir", f.project_dir)
@@ -191,6 +195,7 @@ int run(const Flags& flags) {
                      .global_batch_size(flags.global_batch)
                      .eval_batch_size(flags.batch)
                      .seed(flags.seed)
+                     .threads(flags.threads)
                      .clip_grad_norm(flags.clip)
                      .param_groups({xtrain::optim::ParamGroup::no_weight_decay()})
                      .project_dir(flags.project_dir)
@@ -211,7 +216,8 @@ int run(const Flags& flags) {
     });
     std::printf("%s: %zu parameters\n", model.describe().c_str(), parameters);
   }
-  using Trainer = xtrain::Trainer<xtrain::layers::GPT, xtrain::optim::AdamW, Precision, xtrain::parallel::MpiAllReduce>;
+  using Trainer = xtrain::Trainer<xtrain::layers::GPT, xtrain::optim::AdamW, Precision, xtrain::parallel::MpiAllReduce,
+                                  xtrain::backend::CpuThreads>;
   Trainer trainer{std::move(model),
                   xtrain::optim::AdamW{}.lr(flags.lr).betas(0.9f, 0.99f).weight_decay(flags.weight_decay), options,
                   std::move(comm)};
@@ -223,6 +229,7 @@ int run(const Flags& flags) {
         static_cast<double>(flags.lr), static_cast<double>(flags.weight_decay), ranks, ranks == 1 ? "" : "es",
         xtrain::parallel::launch_info().launcher, global, flags.block, flags.iters,
         static_cast<unsigned long long>(flags.seed), Precision::name);
+    example::report_backend(trainer.backend(), ranks);
     example::report_kernels(flags.precision);
   }
   RunRecord record{trainer.model().config(), vocab.chars()};

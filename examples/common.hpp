@@ -153,6 +153,19 @@ int with_precision(const std::string& precision, F&& f) {
 }
 
 /// What the build's kernels are, and a note when the chosen precision is not accelerated.
+/// The start-up line of the backend: "backend: cpu-threads | 2 processes x 1 thread | affinity
+/// mask: 1 of 2 cores", and a warning when a process's threads would share fewer cores.
+template <class Backend>
+void report_backend(const Backend& backend, std::size_t ranks) {
+  const std::size_t threads = backend.threads();
+  const std::size_t mask = xtrain::backend::affinity_cores(), cores = xtrain::backend::machine_cores();
+  std::printf("backend: %s | %zu process%s x %zu thread%s | affinity mask: %zu of %zu cores%s\n", Backend::name, ranks,
+              ranks == 1 ? "" : "es", threads, threads == 1 ? "" : "s", mask, cores,
+              mask < cores ? " (bound by the launcher)" : "");
+  if (const std::string w = xtrain::backend::oversubscription_warning(threads); !w.empty())
+    std::fprintf(stderr, "warning: %s\n", w.c_str());
+}
+
 inline void report_kernels(const std::string& precision) {
   namespace k = xtrain::kernels;
   std::printf("kernels: fp32 GEMM: %s | bf16 GEMM: %s | fp16 GEMM: %s | conversions: bf16 %s, fp16 %s\n",

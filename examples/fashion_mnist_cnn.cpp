@@ -30,12 +30,14 @@ struct Flags {
   std::uint64_t seed = 42;
   bool sync_bn = false;
   std::string project_dir, resume, export_path, precision = "fp32", profile_dir;
+  std::size_t threads = 0;  // 0: the backend's default
   std::size_t checkpoint_every_steps = 0;
 };
 
 constexpr const char* usage =
     "usage: [mpirun -np P] fashion_mnist_cnn [--model lenet|convbn|resnet] [--data DIR] [--epochs N]\n"
-    "           [--batch N | --global-batch N] [--lr X] [--seed N] [--precision fp32|bf16|fp16] [--sync-bn]\n"
+    "           [--batch N | --global-batch N] [--lr X] [--seed N] [--threads N] [--precision fp32|bf16|fp16] "
+    "[--sync-bn]\n"
     "           [--project-dir DIR [--checkpoint-every-steps K]] [--resume latest|DIR] [--export FILE]\n"
     "           [--limit N] [--profile DIR]\n"
     "  --model M         lenet (default): LeNet-5, 62k parameters; convbn: 3 convolutions with\n"
@@ -48,6 +50,8 @@ constexpr const char* usage =
     "  --global-batch N  samples per step over ALL processes (same training on any P)\n"
     "  --lr X            Adam learning rate (default 1e-3)\n"
     "  --seed N          seed of initialisation, data order and dropout (default 42)\n"
+    "  --threads N       threads per process (default: $XTRAIN_NUM_THREADS, else $OMP_NUM_THREADS, else\n"
+    "                    the process's share of its cores: 1 each under mpirun -np 2 on 2 cores)\n"
     "  --precision P     fp32 (default), bf16 or fp16 (mixed precision: fp32 master weights,\n"
     "                    activations and GEMM operands in P; fp16 with dynamic loss scaling)\n"
     "  --sync-bn         BatchNorm statistics over all processes (convbn, resnet)\n"
@@ -71,6 +75,7 @@ Flags parse(int argc, char** argv) {
       .count("--seed", f.seed, true)
       .number("--lr", f.lr)
       .choice("--precision", f.precision, {"fp32", "bf16", "fp16"})
+      .count("--threads", f.threads, true)
       .toggle("--sync-bn", f.sync_bn)
       .text("--project-dir", f.project_dir)
       .count("--checkpoint-every-steps", f.checkpoint_every_steps)
@@ -101,6 +106,7 @@ int run_training(const Flags& flags, Model model) {
                            .global_batch_size(flags.global_batch)
                            .epochs(flags.epochs)
                            .seed(flags.seed)
+                           .threads(flags.threads)
                            .project_dir(flags.project_dir);
   if (main_process) {
     std::printf("xtrain %s | data %s: %zu train, %zu test images of %s, %zu classes\n", xtrain::version_string,
@@ -110,13 +116,14 @@ int run_training(const Flags& flags, Model model) {
                              [&](const std::string&, xtrain::Param& p, xtrain::ParamKind) { parameters += p.size(); });
     std::printf("%s: %zu parameters\n%s\n", flags.model.c_str(), parameters, model.describe().c_str());
   }
-  xtrain::Trainer<Model, xtrain::optim::Adam, Precision, xtrain::parallel::MpiAllReduce> trainer{
-      std::move(model), xtrain::optim::Adam{}.lr(flags.lr), options, std::move(comm)};
+  xtrain::Trainer<Model, xtrain::optim::Adam, Precision, xtrain::parallel::MpiAllReduce, xtrain::backend::CpuThreads>
+      trainer{std::move(model), xtrain::optim::Adam{}.lr(flags.lr), options, std::move(comm)};
   if (main_process) {
     std::printf(
         "Adam lr %g | %zu process%s (launcher: %s) | global batch %zu | %zu epochs | seed %llu | precision %s\n",
         static_cast<double>(flags.lr), ranks, ranks == 1 ? "" : "es", xtrain::parallel::launch_info().launcher,
         trainer.global_batch_size(), flags.epochs, static_cast<unsigned long long>(flags.seed), Precision::name);
+    example::report_backend(trainer.backend(), ranks);
     example::report_kernels(flags.precision);
   }
   if (!flags.resume.empty()) {

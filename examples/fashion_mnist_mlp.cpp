@@ -36,6 +36,7 @@ struct Flags {
   std::string project_dir, resume, export_path;
   std::size_t checkpoint_every_steps = 0, total_limit = 0;
   std::string precision = "fp32", compress = "none";
+  std::size_t threads = 0;  // 0: the backend's default
   std::string profile_dir;
   std::size_t profile_steps = 200;
 };
@@ -46,7 +47,7 @@ constexpr const char* usage =
     "           [--scale-lr] [--sync-bn] [--accumulate K] [--clip-norm X] [--shard-optimizer]\n"
     "           [--deterministic CHUNK]\n"
     "           [--project-dir DIR [--checkpoint-every-steps K] [--total-limit L]] [--resume latest|DIR]\n"
-    "           [--export FILE.safetensors] [--precision fp32|bf16|fp16] [--compress-grads bf16|fp16]\n"
+    "           [--export FILE.safetensors] [--threads N] [--precision fp32|bf16|fp16] [--compress-grads bf16|fp16]\n"
     "           [--profile DIR [--profile-steps N]] [--estimate-memory [--verify]]\n"
     "  --data DIR        Fashion-MNIST IDX folder, or a folder with train_x.npy, train_y.npy,\n"
     "                    test_x.npy, test_y.npy (default $XTRAIN_DATA_DIR, else\n"
@@ -72,6 +73,8 @@ constexpr const char* usage =
     "  --total-limit L   keep only the newest L checkpoints\n"
     "  --resume latest|DIR  continue from the newest checkpoint of --project-dir, or from DIR\n"
     "  --export FILE     write the trained model as safetensors (PyTorch state_dict names)\n"
+    "  --threads N       threads per process (default: $XTRAIN_NUM_THREADS, else $OMP_NUM_THREADS, else\n"
+    "                    the process's share of its cores: 1 each under mpirun -np 2 on 2 cores)\n"
     "  --precision P     fp32 (default), bf16 or fp16 (mixed precision: fp32 master weights,\n"
     "                    activations and GEMM operands in P; fp16 with dynamic loss scaling)\n"
     "  --compress-grads C  send gradients between processes as bf16 or fp16 (half the bytes)\n"
@@ -108,6 +111,7 @@ Flags parse(int argc, char** argv) {
       .text("--resume", f.resume)
       .text("--export", f.export_path)
       .choice("--precision", f.precision, {"fp32", "bf16", "fp16"})
+      .count("--threads", f.threads, true)
       .choice("--compress-grads", f.compress, {"bf16", "fp16"})
       .text("--profile", f.profile_dir)
       .count("--profile-steps", f.profile_steps, true)
@@ -179,6 +183,7 @@ int run_training(const Flags& flags) {
                            .global_batch_size(flags.global_batch)
                            .epochs(flags.epochs)
                            .seed(flags.seed)
+                           .threads(flags.threads)
                            .scale_lr(flags.scale_lr)
                            .accumulate(flags.accumulate)
                            .clip_grad_norm(flags.clip_norm)
@@ -191,8 +196,9 @@ int run_training(const Flags& flags) {
                 flags.data.c_str(), train.size(), test.size(), train.feature_count(), train.num_classes());
     std::printf("%s\n", model.describe().c_str());
   }
-  xtrain::Trainer<decltype(model), xtrain::optim::Adam, Precision, xtrain::parallel::MpiAllReduce> trainer{
-      std::move(model), xtrain::optim::Adam{}.lr(flags.lr), options, std::move(comm)};
+  xtrain::Trainer<decltype(model), xtrain::optim::Adam, Precision, xtrain::parallel::MpiAllReduce,
+                  xtrain::backend::CpuThreads>
+      trainer{std::move(model), xtrain::optim::Adam{}.lr(flags.lr), options, std::move(comm)};
   if (main_process) {
     std::printf(
         "Adam lr %g%s | %zu process%s (launcher: %s) | global batch %zu%s | %zu epochs | seed %llu | "
@@ -205,6 +211,7 @@ int run_training(const Flags& flags) {
         flags.deterministic
             ? (" | deterministic reduction per " + std::to_string(flags.deterministic) + " samples").c_str()
             : "");
+    example::report_backend(trainer.backend(), ranks);
     example::report_kernels(flags.precision);
   }
   if (!flags.resume.empty()) {

@@ -1,12 +1,69 @@
 #pragma once
 /// \file cpu.hpp
-/// Device backend policies.
+/// Device backend policies: the last-but-one parameter of Trainer (and Engine's, Accelerator's).
+/// A backend decides where kernels run; layers reach it through Context::executor, the engine
+/// through Engine::backend(). docs/design.md ("Backends") says how a GPU backend would plug in.
+///  - Cpu: one thread per rank (the default; scale out with ranks: mpirun -np <cores>).
+///  - CpuThreads: a pool of N threads per rank that splits GEMMs, elementwise maps and the
+///    optimizer's pass (N: TrainerOptions::threads, else XTRAIN_NUM_THREADS or OMP_NUM_THREADS, else
+///    the rank's share of its cores). Results are bitwise the same for every N. Ranks run as
+///    threads (parallel::ThreadAllReduce) each get a pool: give them a thread count yourself.
+
+#include <concepts>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "xtrain/backend/executor.hpp"
+#include "xtrain/backend/thread_pool.hpp"
+#include "xtrain/backend/topology.hpp"
+#include "xtrain/core/error.hpp"
 
 namespace xtrain::backend {
 
-/// One thread per rank: kernels run on the calling thread (the default; scale out with ranks).
-struct Cpu {
-  static constexpr const char* name = "cpu";
+/// What Engine needs of a backend: built from a requested thread count (0: its default), the
+/// executor kernels run on (null: the calling thread), the threads it uses.
+template <class B>
+concept Backend = requires(B& b, const B& cb, std::size_t n) {
+  { B::name } -> std::convertible_to<const char*>;
+  B(n);
+  { b.executor() } -> std::same_as<Executor*>;
+  { cb.threads() } -> std::convertible_to<std::size_t>;
 };
+
+/// One thread per rank: kernels run on the calling thread.
+class Cpu {
+ public:
+  static constexpr const char* name = "cpu";
+  /// Requires requested <= 1 (0: default); more threads need CpuThreads.
+  explicit Cpu(std::size_t requested = 0) {
+    XTRAIN_CHECK(requested <= 1, ValueError, "backend::Cpu runs one thread per rank, ", requested,
+                 " threads were asked for: use backend::CpuThreads (Trainer's fifth parameter)");
+  }
+  Executor* executor() noexcept { return nullptr; }
+  std::size_t threads() const noexcept { return 1; }
+};
+
+/// N threads per rank (intra-op parallelism); N = 1 runs as Cpu does.
+class CpuThreads {
+ public:
+  static constexpr const char* name = "cpu-threads";
+  /// `requested` threads; 0: XTRAIN_NUM_THREADS, else OMP_NUM_THREADS, else default_threads().
+  explicit CpuThreads(std::size_t requested = 0) : pool_(std::make_unique<ThreadPool>(resolve_threads(requested))) {}
+  Executor* executor() noexcept { return pool_->threads() > 1 ? pool_.get() : nullptr; }
+  std::size_t threads() const noexcept { return pool_->threads(); }
+
+ private:
+  std::unique_ptr<ThreadPool> pool_;
+};
+
+/// "cpu-threads: 2 threads" and, where the threads would share cores, why and what to do.
+template <Backend B>
+std::string describe(const B& backend) {
+  const std::size_t n = backend.threads();
+  std::string s = std::string(B::name) + ": " + std::to_string(n) + (n == 1 ? " thread" : " threads") + " per process";
+  if (const std::string w = oversubscription_warning(n); !w.empty()) s += "\nwarning: " + w;
+  return s;
+}
 
 }  // namespace xtrain::backend

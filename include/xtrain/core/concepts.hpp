@@ -111,7 +111,9 @@ concept HasLearningRate = requires(const O& opt) {
 };
 
 /// Optimizer: nested `State`, `init(n) -> State`, const `step(params, grads, state, info)` over the
-/// flat buffers, `learning_rate()` (the base learning rate).
+/// flat buffers, `learning_rate()` (the base learning rate). `step` must be element-wise: the
+/// engine calls it on sub-ranges (state at `info.state_offset`), concurrently on several threads
+/// with backend::CpuThreads; an update that needs a norm over a tensor (LAMB, LARS) does not fit.
 template <class O>
 concept Optimizer = HasOptimizerInit<O> && HasOptimizerStep<O> && HasLearningRate<O>;
 

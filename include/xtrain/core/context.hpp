@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <span>
 
+#include "xtrain/backend/executor.hpp"
+
 namespace xtrain {
 
 namespace profile {
@@ -39,6 +41,8 @@ struct Context {
   /// Records each module's forward and backward when set and recording (profile/profiler.hpp);
   /// null when no profiler is attached.
   profile::Profiler* profiler = nullptr;
+  /// Where kernels run their loops (the Backend's, backend/cpu.hpp); null: on the calling thread.
+  backend::Executor* executor = nullptr;
 };
 
 }  // namespace xtrain

@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "xtrain/backend/executor.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/data/dataset.hpp"
 #include "xtrain/parallel/sampler.hpp"
@@ -41,15 +42,22 @@ class Loader {
   /// Gathers batch k of the current epoch. The returned references stay valid until the next call.
   batch_type batch(std::size_t k) {
     const parallel::Shard s = sampler_.shard(k);
-    data_->gather(s.indices, x_, y_);
+    if constexpr (requires { data_->gather(s.indices, x_, y_, executor_); })
+      data_->gather(s.indices, x_, y_, executor_);  // rows split over the backend's threads
+    else
+      data_->gather(s.indices, x_, y_);
     return {x_, y_, s.global_offset, s.global_count};
   }
+
+  /// Threads a data set may gather a batch on (when it has a gather taking an executor); null: one.
+  void set_executor(backend::Executor* e) noexcept { executor_ = e; }
 
   const parallel::GlobalSampler& sampler() const noexcept { return sampler_; }
 
  private:
   const D* data_;
   parallel::GlobalSampler sampler_;
+  backend::Executor* executor_ = nullptr;
   typename D::input_type x_;
   typename D::target_type y_;
 };

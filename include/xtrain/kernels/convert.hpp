@@ -23,6 +23,7 @@
 #define XTRAIN_HAS_AVX512_BF16 0
 #endif
 
+#include "xtrain/backend/executor.hpp"
 #include "xtrain/core/precision.hpp"
 
 // GCC 12 warns "'__Y' may be used uninitialized" inside its own AVX-512 headers (the
@@ -151,6 +152,23 @@ inline void from_float(const float* in, fp16* out, std::size_t n) noexcept {
 
 inline void from_float(const float* in, float* out, std::size_t n) noexcept {
   if (in != out) std::memmove(out, in, n * sizeof(float));
+}
+
+/// Elements of a conversion per part of a split one (a fork-join is worth about this many).
+inline constexpr std::size_t parallel_convert_grain = std::size_t{1} << 15;
+
+/// to_float over the executor's threads (the same values as on one).
+template <class S>
+void to_float(const S* in, float* out, std::size_t n, backend::Executor* e) {
+  backend::parallel_for(e, n, parallel_convert_grain,
+                        [&](std::size_t b, std::size_t end) { to_float(in + b, out + b, end - b); });
+}
+
+/// from_float over the executor's threads (the same values as on one).
+template <class D>
+void from_float(const float* in, D* out, std::size_t n, backend::Executor* e) {
+  backend::parallel_for(e, n, parallel_convert_grain,
+                        [&](std::size_t b, std::size_t end) { from_float(in + b, out + b, end - b); });
 }
 
 /// One element: fp32 value of a float, bf16 or fp16.

@@ -278,20 +278,23 @@ requires(!std::is_same_v<T, float>) void activation_backward(const T* saved, con
   }
 }
 
-/// out[j] (+)= sum over rows of x[r, j] (the bias gradient of a Linear layer).
+/// out[j] (+)= sum over rows of x[r, j] (the bias gradient of a Linear layer), rows in order.
+/// Row r starts at x + r * ld (ld = 0: cols).
 template <class Arch = simd::default_arch>
-void column_sums(const float* x, std::size_t rows, std::size_t cols, float* out, bool accumulate) noexcept {
+void column_sums(const float* x, std::size_t rows, std::size_t cols, float* out, bool accumulate,
+                 std::size_t ld = 0) noexcept {
+  if (ld == 0) ld = cols;
   using B = simd::batch<float, Arch>;
   constexpr std::size_t w = B::size;
   std::size_t j = 0;
   for (; j + w <= cols; j += w) {
     B acc = accumulate ? B::load_unaligned(out + j) : B(0.0f);
-    for (std::size_t r = 0; r < rows; ++r) acc += B::load_unaligned(x + r * cols + j);
+    for (std::size_t r = 0; r < rows; ++r) acc += B::load_unaligned(x + r * ld + j);
     acc.store_unaligned(out + j);
   }
   for (; j < cols; ++j) {
     float acc = accumulate ? out[j] : 0.0f;
-    for (std::size_t r = 0; r < rows; ++r) acc += x[r * cols + j];
+    for (std::size_t r = 0; r < rows; ++r) acc += x[r * ld + j];
     out[j] = acc;
   }
 }

@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "xtrain/backend/executor.hpp"
 #include "xtrain/kernels/convert.hpp"
 #include "xtrain/kernels/simd.hpp"
 
@@ -245,14 +246,47 @@ void gemm_blocked(std::size_t M, std::size_t N, std::size_t K, float alpha, cons
   }
 }
 
+/// Products smaller than this many multiply-adds run on one thread: a fork-join costs about a
+/// microsecond, which such a product would not repay (benchmarks/RESULTS.md, "Threads").
+inline constexpr std::size_t parallel_gemm_macs = std::size_t{1} << 21;
+
+/// Splits C[M,N] over the threads of `e` and calls f(m0, m1, n0, n1) for each block, all of C when
+/// one thread or a small product. Columns split at multiples of 32 (a multiple of every register
+/// tile's width), rows at multiples of `row_align` (the tile's height), so that each element of
+/// C is computed by the same instructions as without a split: the result is bitwise the same on
+/// any number of threads. The dimension with more tiles is split (a tie: the columns). In a
+/// Linear layer that keeps each thread on the same output features through forward (columns of
+/// y), backward (rows of dW) and the optimizer (rows of W, the same halves of the arena), so the
+/// data a thread reads is mostly data it wrote: moving cache lines between cores costs more
+/// than the arithmetic at these sizes.
+template <class F>
+void split_gemm(backend::Executor* e, std::size_t M, std::size_t N, std::size_t K, std::size_t row_align, F&& f) {
+  const std::size_t threads = backend::threads_of(e);
+  if (threads > 1 && M * N * K >= parallel_gemm_macs) {
+    constexpr std::size_t col_align = 32;
+    const std::size_t col_tiles = (N + col_align - 1) / col_align, row_tiles = (M + row_align - 1) / row_align;
+    if (col_tiles >= 2 && col_tiles >= row_tiles) {
+      backend::parallel_for(e, N, 1, col_align, [&](std::size_t n0, std::size_t n1) { f(0, M, n0, n1); });
+      return;
+    }
+    if (row_tiles >= 2) {
+      backend::parallel_for(e, M, 1, row_align, [&](std::size_t m0, std::size_t m1) { f(m0, m1, 0, N); });
+      return;
+    }
+  }
+  f(0, M, 0, N);
+}
+
 }  // namespace detail
 
 /// C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C (row-major; op(X) = X or X^T).
 /// Requires: lda/ldb/ldc are the row strides of A, B, C as stored. beta == 0 ignores C's contents
-/// (NaN in C does not propagate), as BLAS does.
+/// (NaN in C does not propagate), as BLAS does. With an executor of several threads, a large
+/// product is split over them (detail::split_gemm), with bitwise the same result.
 template <class Arch = simd::default_arch>
 void gemm(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const float* A, std::size_t lda,
-          const float* B, std::size_t ldb, float beta, float* C, std::size_t ldc) {
+          const float* B, std::size_t ldb, float beta, float* C, std::size_t ldc,
+          backend::Executor* executor = nullptr) {
   if (M == 0 || N == 0) return;
   if (K == 0 || alpha == 0.0f) {
     for (std::size_t i = 0; i < M; ++i)
@@ -260,24 +294,32 @@ void gemm(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float
     return;
   }
   using shape = detail::GemmShape<Arch>;
-  if (ta == Trans::no && tb == Trans::no && M <= shape::mr && N >= shape::nr) {
-    // One tile of rows (a convolution with few output channels): each packed element of B would
-    // serve one register tile, so packing B costs as much as the product. Both operands are read
-    // in place; the columns past the last whole tile go through the packed path.
-    const std::size_t n_full = N / shape::nr * shape::nr;
-    for (std::size_t j = 0; j < n_full; j += shape::nr)
-      detail::micro_kernel<Arch, false, false>(K, A, lda, B + j, alpha, beta, C + j, ldc, M, shape::nr, ldb);
-    if (n_full < N) gemm<Arch>(ta, tb, M, N - n_full, K, alpha, A, lda, B + n_full, ldb, beta, C + n_full, ldc);
-    return;
-  }
-  detail::gemm_blocked<Arch>(
-      M, N, K, alpha, ta == Trans::no ? A : nullptr, lda, beta, C, ldc,
-      [&](std::size_t k0, std::size_t kc, std::size_t j0, std::size_t nc, float* dst) {
-        detail::pack_b<Arch>(tb, B, ldb, k0, kc, j0, nc, dst);
-      },
-      [&](std::size_t i0, std::size_t mc, std::size_t k0, std::size_t kc, float* dst) {
-        detail::pack_a<Arch>(ta, A, lda, i0, mc, k0, kc, dst);
-      });
+  // The path is chosen for the whole product, so that every block of a split takes it.
+  const bool one_tile_of_rows = ta == Trans::no && tb == Trans::no && M <= shape::mr && N >= shape::nr;
+  detail::split_gemm(executor, M, N, K, shape::mr, [&](std::size_t m0, std::size_t m1, std::size_t n0, std::size_t n1) {
+    const float* a = ta == Trans::no ? A + m0 * lda : A + m0;
+    const float* b = tb == Trans::no ? B + n0 : B + n0 * ldb;
+    float* c = C + m0 * ldc + n0;
+    const std::size_t m = m1 - m0, n = n1 - n0;
+    if (one_tile_of_rows) {
+      // One tile of rows (a convolution with few output channels): each packed element of B would
+      // serve one register tile, so packing B costs as much as the product. Both operands are read
+      // in place; the columns past the last whole tile go through the packed path.
+      const std::size_t n_full = n / shape::nr * shape::nr;
+      for (std::size_t j = 0; j < n_full; j += shape::nr)
+        detail::micro_kernel<Arch, false, false>(K, a, lda, b + j, alpha, beta, c + j, ldc, m, shape::nr, ldb);
+      if (n_full < n) gemm<Arch>(ta, tb, m, n - n_full, K, alpha, a, lda, b + n_full, ldb, beta, c + n_full, ldc);
+      return;
+    }
+    detail::gemm_blocked<Arch>(
+        m, n, K, alpha, ta == Trans::no ? a : nullptr, lda, beta, c, ldc,
+        [&](std::size_t k0, std::size_t kc, std::size_t j0, std::size_t nc, float* dst) {
+          detail::pack_b<Arch>(tb, b, ldb, k0, kc, j0, nc, dst);
+        },
+        [&](std::size_t i0, std::size_t mc, std::size_t k0, std::size_t kc, float* dst) {
+          detail::pack_a<Arch>(ta, a, lda, i0, mc, k0, kc, dst);
+        });
+  });
 }
 
 }  // namespace xtrain::kernels

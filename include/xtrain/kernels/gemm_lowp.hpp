@@ -295,10 +295,12 @@ void gemm(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float
 
 /// C[M,N] (fp32) = alpha * op(A) * op(B) + beta * C with the operands rounded to T (bf16 or fp16)
 /// and fp32 accumulation. TA and TB are each T or float. Same conventions as kernels::gemm
-/// (row-major, strides as stored, beta == 0 ignores C).
+/// (row-major, strides as stored, beta == 0 ignores C, split over the executor's threads with
+/// bitwise the same result).
 template <class T, class Arch = simd::default_arch, class TA, class TB>
 void gemm_lowp(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* A,
-               std::size_t lda, const TB* B, std::size_t ldb, float beta, float* C, std::size_t ldc) {
+               std::size_t lda, const TB* B, std::size_t ldb, float beta, float* C, std::size_t ldc,
+               backend::Executor* executor = nullptr) {
   static_assert(std::is_same_v<T, bf16> || std::is_same_v<T, fp16>, "gemm_lowp computes in bf16 or fp16");
   static_assert(
       (std::is_same_v<TA, T> || std::is_same_v<TA, float>)&&(std::is_same_v<TB, T> || std::is_same_v<TB, float>),
@@ -309,25 +311,37 @@ void gemm_lowp(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, 
       for (std::size_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
     return;
   }
+  constexpr bool dot_path =
 #if XTRAIN_HAS_AVX512_BF16
-  if constexpr (std::is_same_v<T, bf16> && std::is_same_v<Arch, simd::default_arch>) {
-    detail::dot::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    return;
-  }
+      std::is_same_v<T, bf16> && std::is_same_v<Arch, simd::default_arch>;
+#else
+      false;
 #endif
-  detail::gemm_widen<Arch, T>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  constexpr std::size_t row_align = dot_path ? 8 : detail::GemmShape<Arch>::mr;
+  detail::split_gemm(executor, M, N, K, row_align, [&](std::size_t m0, std::size_t m1, std::size_t n0, std::size_t n1) {
+    const TA* a = ta == Trans::no ? A + m0 * lda : A + m0;
+    const TB* b = tb == Trans::no ? B + n0 : B + n0 * ldb;
+    float* c = C + m0 * ldc + n0;
+#if XTRAIN_HAS_AVX512_BF16
+    if constexpr (dot_path) {
+      detail::dot::gemm(ta, tb, m1 - m0, n1 - n0, K, alpha, a, lda, b, ldb, beta, c, ldc);
+      return;
+    }
+#endif
+    detail::gemm_widen<Arch, T>(ta, tb, m1 - m0, n1 - n0, K, alpha, a, lda, b, ldb, beta, c, ldc);
+  });
 }
 
 /// C = op(A) op(B) + beta C computed in the activation type T: kernels::gemm for fp32,
 /// gemm_lowp<T> (operands rounded to T, fp32 accumulation) for bf16/fp16. What a layer calls for
-/// its products whatever precision it runs in.
+/// its products whatever precision it runs in, with its context's executor.
 template <class T, class TA, class TB>
 void gemm_as(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, const TA* A, std::size_t lda, const TB* B,
-             std::size_t ldb, float beta, float* C, std::size_t ldc) {
+             std::size_t ldb, float beta, float* C, std::size_t ldc, backend::Executor* executor = nullptr) {
   if constexpr (std::is_same_v<T, float>)
-    gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+    gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc, executor);
   else
-    gemm_lowp<T>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+    gemm_lowp<T>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc, executor);
 }
 
 }  // namespace xtrain::kernels

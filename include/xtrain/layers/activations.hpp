@@ -4,6 +4,7 @@
 /// and Activation, the same layers chosen at run time by name (`--activation gelu`). They work
 /// element-wise on tensors of any rank.
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -39,17 +40,20 @@ class Activation {
 
   /// y = f(x), stored as x's type (fp32, or bf16/fp16 computed in fp32 and rounded).
   template <ActivationType T>
-  const Tensor<T>& forward(Context&, const Tensor<T>& x) {
+  const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
     Tensor<T>& y = y_.get<T>();
     y.resize(x.shape());
-    dispatch([&]<class Op>() { kernels::activation_forward<Op>(x.data(), y.data(), x.size()); });
+    dispatch([&]<class Op>() {
+      for_runs(ctx, x.shape(),
+               [&](std::size_t b, std::size_t n) { kernels::activation_forward<Op>(x.data() + b, y.data() + b, n); });
+    });
     x_ = &x;
     x_type_ = activation_type_index<T>;
     return y;
   }
 
   template <ActivationType T>
-  const Tensor<T>& backward(Context&, const Tensor<T>& dy) {
+  const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
     XTRAIN_CHECK(x_ != nullptr, ValueError, describe(), ": backward called before forward");
     XTRAIN_CHECK(x_type_ == activation_type_index<T>, ValueError, describe(), ": backward in ",
                  activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(x_type_));
@@ -60,7 +64,9 @@ class Activation {
     dx.resize(dy.shape());
     dispatch([&]<class Op>() {
       const T* saved = Op::saves_input ? static_cast<const Tensor<T>*>(x_)->data() : y.data();
-      kernels::activation_backward<Op>(saved, dy.data(), dx.data(), dy.size());
+      for_runs(ctx, dy.shape(), [&](std::size_t b, std::size_t n) {
+        kernels::activation_backward<Op>(saved + b, dy.data() + b, dx.data() + b, n);
+      });
     });
     return dx;
   }
@@ -88,6 +94,26 @@ class Activation {
   }
 
  private:
+  static constexpr std::size_t parallel_grain = std::size_t{1} << 14;  // elements per part of a split map
+
+  // f(offset, count) over runs of the elements, split over the context's threads. A wide last
+  // dimension (a multiple of 64) is split by columns, as the Linear before it split its output,
+  // so that each thread maps the values it wrote; else the flat range is split at multiples of
+  // 64. Either way each element goes through the same SIMD lane arithmetic as on one thread.
+  template <class F>
+  static void for_runs(Context& ctx, const Shape& shape, F&& f) {
+    const std::size_t size = shape.elements(), cols = shape.rank() ? shape[shape.rank() - 1] : size;
+    const std::size_t rows = cols ? size / cols : 0;
+    if (rows > 1 && cols % 64 == 0 && cols >= 64 * backend::threads_of(ctx.executor)) {
+      backend::parallel_for(ctx.executor, cols, std::max<std::size_t>(64, parallel_grain / rows), 64,
+                            [&](std::size_t c0, std::size_t c1) {
+                              for (std::size_t r = 0; r < rows; ++r) f(r * cols + c0, c1 - c0);
+                            });
+      return;
+    }
+    backend::parallel_for(ctx.executor, size, parallel_grain, [&](std::size_t b, std::size_t e) { f(b, e - b); });
+  }
+
   template <class F>
   void dispatch(F&& f) const {
     switch (kind_) {

@@ -45,8 +45,7 @@ class CausalSelfAttention {
     Tensor<T>& att = att_.get<T>();
     att.resize(x.shape());
     lse_.resize({batch_ * heads_ * positions_});
-    scratch_.resize({2 * kernels::attention_scratch(positions_)});
-    const float* q = widened(qkv, qkv32_, n * 3 * embd_);
+    const float* q = widened(ctx, qkv, qkv32_, n * 3 * embd_);
     float* out = nullptr;
     if constexpr (std::is_same_v<T, float>) {
       out = att.data();
@@ -55,14 +54,14 @@ class CausalSelfAttention {
       out = out32_.data();
     }
     const std::size_t d = embd_ / heads_, ld = 3 * embd_;
-    for (std::size_t b = 0; b < batch_; ++b)
-      for (std::size_t h = 0; h < heads_; ++h) {
-        const float* base = q + b * positions_ * ld + h * d;
-        kernels::causal_attention_forward(positions_, d, scale(), base, base + embd_, base + 2 * embd_, ld,
-                                          out + b * positions_ * embd_ + h * d, embd_,
-                                          lse_.data() + (b * heads_ + h) * positions_, scratch_.data());
-      }
-    if constexpr (!std::is_same_v<T, float>) kernels::from_float(out32_.data(), att.data(), n * embd_);
+    // (sequence, head) pairs are independent: split over the threads, each with its scratch.
+    for_pairs(ctx, [&](std::size_t b, std::size_t h, float* work) {
+      const float* base = q + b * positions_ * ld + h * d;
+      kernels::causal_attention_forward(positions_, d, scale(), base, base + embd_, base + 2 * embd_, ld,
+                                        out + b * positions_ * embd_ + h * d, embd_,
+                                        lse_.data() + (b * heads_ + h) * positions_, work);
+    });
+    if constexpr (!std::is_same_v<T, float>) kernels::from_float(out32_.data(), att.data(), n * embd_, ctx.executor);
     qkv_out_ = &qkv;
     type_ = activation_type_index<T>;
     return xtrain::forward(ctx, proj_, att);
@@ -89,7 +88,7 @@ class CausalSelfAttention {
       q = qkv32_.data();
       out = out32_.data();
       dout32_.resize({n * embd_});
-      kernels::to_float(datt.data(), dout32_.data(), n * embd_);
+      kernels::to_float(datt.data(), dout32_.data(), n * embd_, ctx.executor);
       dout = dout32_.data();
     }
     Tensor<T>& dqkv = dqkv_.get<T>();
@@ -102,17 +101,17 @@ class CausalSelfAttention {
       g = dqkv32_.data();
     }
     std::fill(g, g + n * ld, 0.0f);
-    for (std::size_t b = 0; b < batch_; ++b)
-      for (std::size_t h = 0; h < heads_; ++h) {
-        const std::size_t row0 = b * positions_;
-        const float* base = q + row0 * ld + h * d;
-        float* gbase = g + row0 * ld + h * d;
-        kernels::causal_attention_backward(positions_, d, scale(), base, base + embd_, base + 2 * embd_, ld,
-                                           out + row0 * embd_ + h * d, dout + row0 * embd_ + h * d, embd_,
-                                           lse_.data() + (b * heads_ + h) * positions_, gbase, gbase + embd_,
-                                           gbase + 2 * embd_, ld, scratch_.data());
-      }
-    if constexpr (!std::is_same_v<T, float>) kernels::from_float(dqkv32_.data(), dqkv.data(), n * ld);
+    // Each pair writes its own columns of its own rows of dqkv.
+    for_pairs(ctx, [&](std::size_t b, std::size_t h, float* work) {
+      const std::size_t row0 = b * positions_;
+      const float* base = q + row0 * ld + h * d;
+      float* gbase = g + row0 * ld + h * d;
+      kernels::causal_attention_backward(positions_, d, scale(), base, base + embd_, base + 2 * embd_, ld,
+                                         out + row0 * embd_ + h * d, dout + row0 * embd_ + h * d, embd_,
+                                         lse_.data() + (b * heads_ + h) * positions_, gbase, gbase + embd_,
+                                         gbase + 2 * embd_, ld, work);
+    });
+    if constexpr (!std::is_same_v<T, float>) kernels::from_float(dqkv32_.data(), dqkv.data(), n * ld, ctx.executor);
     ctx.input_grad = want_input_grad;
     return xtrain::backward(ctx, qkv_, static_cast<const Tensor<T>&>(dqkv));
   }
@@ -137,14 +136,30 @@ class CausalSelfAttention {
     return 1.0f / std::sqrt(static_cast<float>(head_dim));
   }
 
+  // f(b, h, scratch) for every (sequence, head) pair, split over the context's threads, each
+  // thread with scratch of its own. Pairs are independent (each writes its own rows and columns),
+  // so the result is the same on any number of threads.
+  template <class F>
+  void for_pairs(Context& ctx, F&& f) {
+    const std::size_t scratch = 2 * kernels::attention_scratch(positions_);
+    const std::size_t grain =
+        std::max<std::size_t>(1, (std::size_t{1} << 16) / (positions_ * positions_ * embd_ / heads_ + 1));
+    scratch_.resize({scratch * backend::threads_of(ctx.executor)});
+    backend::parallel_for(ctx.executor, batch_ * heads_, grain, 1,
+                          [&](std::size_t p0, std::size_t p1, std::size_t part) {
+                            for (std::size_t p = p0; p < p1; ++p)
+                              f(p / heads_, p % heads_, scratch_.data() + part * scratch);
+                          });
+  }
+
   // The fused projection's output in fp32: itself (fp32) or widened into `buffer`.
   template <class T>
-  static const float* widened(const Tensor<T>& t, Tensor<float>& buffer, std::size_t n) {
+  static const float* widened(Context& ctx, const Tensor<T>& t, Tensor<float>& buffer, std::size_t n) {
     if constexpr (std::is_same_v<T, float>) {
       return t.data();
     } else {
       buffer.resize({n});
-      kernels::to_float(t.data(), buffer.data(), n);
+      kernels::to_float(t.data(), buffer.data(), n, ctx.executor);
       return buffer.data();
     }
   }

@@ -6,6 +6,7 @@
 /// (biased variance to normalise, unbiased for the running estimate), running statistics in
 /// evaluation, momentum 0.1, eps 1e-5, affine weight 1 and bias 0.
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -75,7 +76,8 @@ class BatchNorm {
     if constexpr (std::is_same_v<T, float>)
       return forward_f32(ctx, x, y_);
     else
-      return through_f32(x, [&](const Matrix& x32, Matrix& y) -> const Matrix& { return forward_f32(ctx, x32, y); });
+      return through_f32(ctx, x,
+                         [&](const Matrix& x32, Matrix& y) -> const Matrix& { return forward_f32(ctx, x32, y); });
   }
 
   /// dgamma += sum(dy * xhat), dbeta += sum(dy); dx through the batch statistics when training.
@@ -84,7 +86,7 @@ class BatchNorm {
     if constexpr (std::is_same_v<T, float>)
       return backward_f32(ctx, dy, dx_);
     else
-      return through_f32(dy,
+      return through_f32(ctx, dy,
                          [&](const Matrix& dy32, Matrix& dx) -> const Matrix& { return backward_f32(ctx, dy32, dx); });
   }
 
@@ -111,18 +113,26 @@ class BatchNorm {
   // the fp32 output, and rounds that into this layer's output of type T (per thread, not per
   // layer: only x-hat and the 16-bit result stay with the layer).
   template <class T, class F>
-  const Tensor<T>& through_f32(const Tensor<T>& in, F&& f) {
+  const Tensor<T>& through_f32(Context& ctx, const Tensor<T>& in, F&& f) {
     thread_local Matrix in32, out32;
     in32.resize(in.shape());
-    kernels::to_float(in.data(), in32.data(), in.size());
+    kernels::to_float(in.data(), in32.data(), in.size(), ctx.executor);
     const Matrix& r = f(in32, out32);
     Tensor<T>& out = out_.get<T>();
     out.resize(r.shape());
-    kernels::from_float(r.data(), out.data(), r.size());
+    kernels::from_float(r.data(), out.data(), r.size(), ctx.executor);
     return out;
   }
 
   static std::string name() { return Dims == 1 ? "BatchNorm1d" : "BatchNorm2d"; }
+
+  // f(j0, j1) over ranges of the features, split over the context's threads (each feature's
+  // sums still run over the rows in order on one thread: the same values on any thread count).
+  template <class F>
+  void for_features(Context& ctx, std::size_t per_feature, F&& f) const {
+    const std::size_t grain = std::max<std::size_t>(1, (std::size_t{1} << 14) / std::max<std::size_t>(per_feature, 1));
+    backend::parallel_for(ctx.executor, features_, grain, 16, f);
+  }
 
   // The elements per feature in one sample: 1 for [N, C], L for [N, C, L], H * W for images.
   std::size_t spatial(const Matrix& x) const {
@@ -149,13 +159,15 @@ class BatchNorm {
       std::vector<double>& sum = scratch_;  // [sum x (c)] [count] [sum (x - mean)^2 (c)]
       sum.assign(2 * c + 1, 0.0);
       const float* px = x.data();
-      if (sp == 1) {
-        for (std::size_t r = 0; r < n; ++r)
-          for (std::size_t j = 0; j < c; ++j) sum[j] += px[r * c + j];
-      } else {
-        for (std::size_t r = 0; r < n; ++r)
-          for (std::size_t j = 0; j < c; ++j) sum[j] += kernels::plane_sum(px + (r * c + j) * sp, sp);
-      }
+      for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
+        if (sp == 1) {
+          for (std::size_t r = 0; r < n; ++r)
+            for (std::size_t j = j0; j < j1; ++j) sum[j] += px[r * c + j];
+        } else {
+          for (std::size_t r = 0; r < n; ++r)
+            for (std::size_t j = j0; j < j1; ++j) sum[j] += kernels::plane_sum(px + (r * c + j) * sp, sp);
+        }
+      });
       sum[c] = static_cast<double>(n * sp);
       if (sync) sync->allreduce_sum(std::span<double>(sum.data(), c + 1), "SyncBatchNorm mean");
       const double total = sum[c];
@@ -164,16 +176,18 @@ class BatchNorm {
                    " (use a batch of 2 or more, or drop_last)");
       for (std::size_t j = 0; j < c; ++j) mean_[j] = static_cast<float>(sum[j] / total);
       double* ssd = sum.data() + c + 1;
-      if (sp == 1) {
-        for (std::size_t r = 0; r < n; ++r)
-          for (std::size_t j = 0; j < c; ++j) {
-            const double d = static_cast<double>(px[r * c + j]) - mean_[j];
-            ssd[j] += d * d;
-          }
-      } else {
-        for (std::size_t r = 0; r < n; ++r)
-          for (std::size_t j = 0; j < c; ++j) ssd[j] += kernels::plane_sq_dev(px + (r * c + j) * sp, sp, mean_[j]);
-      }
+      for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
+        if (sp == 1) {
+          for (std::size_t r = 0; r < n; ++r)
+            for (std::size_t j = j0; j < j1; ++j) {
+              const double d = static_cast<double>(px[r * c + j]) - mean_[j];
+              ssd[j] += d * d;
+            }
+        } else {
+          for (std::size_t r = 0; r < n; ++r)
+            for (std::size_t j = j0; j < j1; ++j) ssd[j] += kernels::plane_sq_dev(px + (r * c + j) * sp, sp, mean_[j]);
+        }
+      });
       if (sync) sync->allreduce_sum(std::span<double>(ssd, c), "SyncBatchNorm variance");
       for (std::size_t j = 0; j < c; ++j) {
         invstd_[j] = static_cast<float>(1.0 / std::sqrt(ssd[j] / total + eps_));
@@ -194,25 +208,27 @@ class BatchNorm {
     const float* b = bias_.data();
     float* xh = xhat_.data();
     float* py = y.data();
-    if (sp == 1) {
-      for (std::size_t r = 0; r < n; ++r)
-        for (std::size_t j = 0; j < c; ++j) {
-          const float v = (px[r * c + j] - mean_[j]) * invstd_[j];
-          xh[r * c + j] = v;
-          py[r * c + j] = g[j] * v + b[j];
-        }
-    } else {
-      for (std::size_t r = 0; r < n; ++r)
-        for (std::size_t j = 0; j < c; ++j) {
-          const std::size_t o = (r * c + j) * sp;
-          const float m = mean_[j], is = invstd_[j], gj = g[j], bj = b[j];
-          for (std::size_t i = 0; i < sp; ++i) {
-            const float v = (px[o + i] - m) * is;
-            xh[o + i] = v;
-            py[o + i] = gj * v + bj;
+    for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
+      if (sp == 1) {
+        for (std::size_t r = 0; r < n; ++r)
+          for (std::size_t j = j0; j < j1; ++j) {
+            const float v = (px[r * c + j] - mean_[j]) * invstd_[j];
+            xh[r * c + j] = v;
+            py[r * c + j] = g[j] * v + b[j];
           }
-        }
-    }
+      } else {
+        for (std::size_t r = 0; r < n; ++r)
+          for (std::size_t j = j0; j < j1; ++j) {
+            const std::size_t o = (r * c + j) * sp;
+            const float m = mean_[j], is = invstd_[j], gj = g[j], bj = b[j];
+            for (std::size_t i = 0; i < sp; ++i) {
+              const float v = (px[o + i] - m) * is;
+              xh[o + i] = v;
+              py[o + i] = gj * v + bj;
+            }
+          }
+      }
+    });
     return y;
   }
 
@@ -224,20 +240,22 @@ class BatchNorm {
     sum.assign(2 * c, 0.0);  // [sum dy, sum dy * xhat]
     const float* pd = dy.data();
     const float* xh = xhat_.data();
-    if (sp == 1) {
-      for (std::size_t r = 0; r < n; ++r)
-        for (std::size_t j = 0; j < c; ++j) {
-          sum[j] += pd[r * c + j];
-          sum[c + j] += static_cast<double>(pd[r * c + j]) * xh[r * c + j];
-        }
-    } else {
-      for (std::size_t r = 0; r < n; ++r)
-        for (std::size_t j = 0; j < c; ++j) {
-          const std::size_t o = (r * c + j) * sp;
-          sum[j] += kernels::plane_sum(pd + o, sp);
-          sum[c + j] += kernels::plane_dot(pd + o, xh + o, sp);
-        }
-    }
+    for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
+      if (sp == 1) {
+        for (std::size_t r = 0; r < n; ++r)
+          for (std::size_t j = j0; j < j1; ++j) {
+            sum[j] += pd[r * c + j];
+            sum[c + j] += static_cast<double>(pd[r * c + j]) * xh[r * c + j];
+          }
+      } else {
+        for (std::size_t r = 0; r < n; ++r)
+          for (std::size_t j = j0; j < j1; ++j) {
+            const std::size_t o = (r * c + j) * sp;
+            sum[j] += kernels::plane_sum(pd + o, sp);
+            sum[c + j] += kernels::plane_dot(pd + o, xh + o, sp);
+          }
+      }
+    });
     float* gw = weight_.grad();
     float* gb = bias_.grad();
     for (std::size_t j = 0; j < c; ++j) {  // this rank's share: the gradient reduction sums the ranks
@@ -259,18 +277,20 @@ class BatchNorm {
         mean_dy_[j] = static_cast<float>(sum[j] / count_);
         mean_dy_xhat_[j] = static_cast<float>(sum[c + j] / count_);
       }
-      if (sp == 1) {
-        for (std::size_t r = 0; r < n; ++r)
-          for (std::size_t j = 0; j < c; ++j)
-            pdx[r * c + j] = g[j] * invstd_[j] * (pd[r * c + j] - mean_dy_[j] - xh[r * c + j] * mean_dy_xhat_[j]);
-      } else {
-        for (std::size_t r = 0; r < n; ++r)
-          for (std::size_t j = 0; j < c; ++j) {
-            const std::size_t o = (r * c + j) * sp;
-            const float k = g[j] * invstd_[j], md = mean_dy_[j], mdx = mean_dy_xhat_[j];
-            for (std::size_t i = 0; i < sp; ++i) pdx[o + i] = k * (pd[o + i] - md - xh[o + i] * mdx);
-          }
-      }
+      for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
+        if (sp == 1) {
+          for (std::size_t r = 0; r < n; ++r)
+            for (std::size_t j = j0; j < j1; ++j)
+              pdx[r * c + j] = g[j] * invstd_[j] * (pd[r * c + j] - mean_dy_[j] - xh[r * c + j] * mean_dy_xhat_[j]);
+        } else {
+          for (std::size_t r = 0; r < n; ++r)
+            for (std::size_t j = j0; j < j1; ++j) {
+              const std::size_t o = (r * c + j) * sp;
+              const float k = g[j] * invstd_[j], md = mean_dy_[j], mdx = mean_dy_xhat_[j];
+              for (std::size_t i = 0; i < sp; ++i) pdx[o + i] = k * (pd[o + i] - md - xh[o + i] * mdx);
+            }
+        }
+      });
     } else {
       for (std::size_t r = 0; r < n; ++r)
         for (std::size_t j = 0; j < c; ++j) {

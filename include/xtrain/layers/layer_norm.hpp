@@ -5,6 +5,7 @@
 /// 1, bias 0 at start; both ParamKind::norm, so parameter groups exempt them from weight decay).
 /// Statistics in fp32 whatever the activation type. Kernels: kernels/attention.hpp.
 
+#include <algorithm>
 #include <cstddef>
 #include <sstream>
 #include <string>
@@ -36,21 +37,29 @@ class LayerNorm {
   /// y = (x - mean) / sqrt(var + eps) * weight + bias over the last dimension of x ([*, dim]).
   /// Keeps a pointer to x for backward.
   template <ActivationType T>
-  const Tensor<T>& forward(Context&, const Tensor<T>& x) {
+  const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
     check_last_dim(x, dim_, describe());
     const std::size_t rows = x.rows(), n = rows * dim_;
     Tensor<T>& y = y_.get<T>();
     y.resize(x.shape());
     mean_.resize({rows});
     rstd_.resize({rows});
+    // Rows are independent: split over the context's threads (the same values on any count).
+    auto rows_of = [&](const float* in, float* out) {
+      backend::parallel_for(ctx.executor, rows, std::max<std::size_t>(1, (std::size_t{1} << 14) / dim_), 1,
+                            [&](std::size_t r0, std::size_t r1) {
+                              kernels::layer_norm_forward(in + r0 * dim_, r1 - r0, dim_, eps_, w(), b(),
+                                                          out + r0 * dim_, mean_.data() + r0, rstd_.data() + r0);
+                            });
+    };
     if constexpr (std::is_same_v<T, float>) {
-      kernels::layer_norm_forward(x.data(), rows, dim_, eps_, w(), b(), y.data(), mean_.data(), rstd_.data());
+      rows_of(x.data(), y.data());
     } else {
       x32_.resize({n});
       y32_.resize({n});
-      kernels::to_float(x.data(), x32_.data(), n);
-      kernels::layer_norm_forward(x32_.data(), rows, dim_, eps_, w(), b(), y32_.data(), mean_.data(), rstd_.data());
-      kernels::from_float(y32_.data(), y.data(), n);
+      kernels::to_float(x.data(), x32_.data(), n, ctx.executor);
+      rows_of(x32_.data(), y32_.data());
+      kernels::from_float(y32_.data(), y.data(), n, ctx.executor);
     }
     x_ = &x;
     type_ = activation_type_index<T>;
@@ -59,7 +68,7 @@ class LayerNorm {
 
   /// dx; weight.grad and bias.grad are added into.
   template <ActivationType T>
-  const Tensor<T>& backward(Context&, const Tensor<T>& dy) {
+  const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
     XTRAIN_CHECK(x_ != nullptr, ValueError, describe(), ": backward called before forward");
     XTRAIN_CHECK(type_ == activation_type_index<T>, ValueError, describe(), ": backward in ",
                  activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(type_));
@@ -75,11 +84,11 @@ class LayerNorm {
       kernels::layer_norm_backward(x.data(), dy.data(), rows, dim_, w(), mean_.data(), rstd_.data(), dx.data(), dw, db);
     } else {
       y32_.resize({n});  // dy widened (the forward's fp32 output is not needed any more)
-      kernels::to_float(dy.data(), y32_.data(), n);
+      kernels::to_float(dy.data(), y32_.data(), n, ctx.executor);
       dx32_.resize({n});
       kernels::layer_norm_backward(x32_.data(), y32_.data(), rows, dim_, w(), mean_.data(), rstd_.data(), dx32_.data(),
                                    dw, db);
-      kernels::from_float(dx32_.data(), dx.data(), n);
+      kernels::from_float(dx32_.data(), dx.data(), n, ctx.executor);
     }
     return dx;
   }

@@ -3,6 +3,7 @@
 /// Fully connected layer y = x W^T + b, PyTorch layout (weight [out, in]) and PyTorch's default
 /// initialisation (kaiming_uniform with a = sqrt(5): U(-1/sqrt(in), 1/sqrt(in)) for W and b).
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <string>
@@ -46,7 +47,7 @@ class Linear {
   /// With bf16/fp16 activations the GEMM rounds x and W to that type and accumulates in fp32
   /// (kernels/gemm_lowp.hpp); y is rounded to the activation type.
   template <ActivationType T>
-  const Tensor<T>& forward(Context&, const Tensor<T>& x) {
+  const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
     check_last_dim(x, in_, describe());
     const std::size_t n = x.rows();
     Tensor<T>& y = y_.get<T>();
@@ -54,12 +55,14 @@ class Linear {
     float* acc = accumulator<T>(y, n * out_);
     float beta = 0.0f;
     if (has_bias()) {
-      kernels::broadcast_rows(bias_.data(), n, out_, acc);
+      backend::parallel_for(ctx.executor, n, rows_per_part(out_), 1, [&](std::size_t r0, std::size_t r1) {
+        kernels::broadcast_rows(bias_.data(), r1 - r0, out_, acc + r0 * out_);
+      });
       beta = 1.0f;
     }
     kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::yes, n, out_, in_, x.data(), in_, weight_.data(), in_, beta,
-                        acc, out_);
-    if constexpr (!std::is_same_v<T, float>) kernels::from_float(acc, y.data(), n * out_);
+                        acc, out_, ctx.executor);
+    if constexpr (!std::is_same_v<T, float>) kernels::from_float(acc, y.data(), n * out_, ctx.executor);
     x_ = &x;
     x_type_ = activation_type_index<T>;
     return y;
@@ -76,15 +79,21 @@ class Linear {
     XTRAIN_CHECK(dy.shape() == x.shape().with_back(out_), ShapeError, describe(), ": gradient has shape ",
                  dy.shape().str(), ", expected ", x.shape().with_back(out_).str());
     kernels::gemm_as<T>(kernels::Trans::yes, kernels::Trans::no, out_, in_, n, dy.data(), out_, x.data(), in_, 1.0f,
-                        weight_.grad(), in_);
+                        weight_.grad(), in_, ctx.executor);
     if (has_bias()) {
+      const float* dy32 = nullptr;
       if constexpr (std::is_same_v<T, float>) {
-        kernels::column_sums(dy.data(), n, out_, bias_.grad(), true);
+        dy32 = dy.data();
       } else {
-        std::vector<float>& dy32 = workspace(n * out_);
-        kernels::to_float(dy.data(), dy32.data(), n * out_);
-        kernels::column_sums(dy32.data(), n, out_, bias_.grad(), true);
+        std::vector<float>& w = workspace(n * out_);
+        kernels::to_float(dy.data(), w.data(), n * out_, ctx.executor);
+        dy32 = w.data();
       }
+      // Split over columns: each bias element sums its column in row order on one thread.
+      backend::parallel_for(ctx.executor, out_, std::max<std::size_t>(64, (1u << 14) / std::max<std::size_t>(n, 1)),
+                            [&](std::size_t c0, std::size_t c1) {
+                              kernels::column_sums(dy32 + c0, n, c1 - c0, bias_.grad() + c0, true, out_);
+                            });
     }
     Tensor<T>& dx = dx_.get<T>();
     if (!ctx.input_grad) {
@@ -94,8 +103,8 @@ class Linear {
     dx.resize(x.shape());
     float* acc = accumulator<T>(dx, n * in_);
     kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::no, n, in_, out_, dy.data(), out_, weight_.data(), in_,
-                        0.0f, acc, in_);
-    if constexpr (!std::is_same_v<T, float>) kernels::from_float(acc, dx.data(), n * in_);
+                        0.0f, acc, in_, ctx.executor);
+    if constexpr (!std::is_same_v<T, float>) kernels::from_float(acc, dx.data(), n * in_, ctx.executor);
     return dx;
   }
 
@@ -124,6 +133,10 @@ class Linear {
       return out.data();
     else
       return workspace(size).data();
+  }
+  // Rows of `cols` floats per part of a split copy (about 16k floats).
+  static std::size_t rows_per_part(std::size_t cols) {
+    return std::max<std::size_t>(1, (1u << 14) / std::max<std::size_t>(cols, 1));
   }
   static std::vector<float>& workspace(std::size_t size) {
     thread_local std::vector<float> w;

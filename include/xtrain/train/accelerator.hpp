@@ -75,6 +75,11 @@ class AcceleratorOptions {
     engine_.loss_scale_growth_interval = growth_interval;
     return *this;
   }
+  /// Threads per rank of a CpuThreads backend (0, default: its default; backend/cpu.hpp).
+  AcceleratorOptions& threads(std::size_t v) {
+    engine_.threads = v;
+    return *this;
+  }
   const EngineOptions& engine() const noexcept { return engine_; }
 
  private:
@@ -83,7 +88,9 @@ class AcceleratorOptions {
 
 /// Communicator: SingleProcess, parallel::ThreadAllReduce, parallel::MpiAllReduce. PrecisionPolicy:
 /// FullPrecision, MixedPrecision<bf16>, MixedPrecision<fp16> (Accelerate's mixed_precision).
-template <parallel::Communicator Communicator = parallel::SingleProcess, Precision PrecisionPolicy = FullPrecision>
+/// Backend: backend::Cpu, backend::CpuThreads.
+template <parallel::Communicator Communicator = parallel::SingleProcess, Precision PrecisionPolicy = FullPrecision,
+          backend::Backend Backend = backend::Cpu>
 class Accelerator {
  public:
   explicit Accelerator(Communicator communicator = {}, AcceleratorOptions options = {})
@@ -96,8 +103,9 @@ class Accelerator {
   /// The model and optimizer, data-parallel: parameters in one arena, rank 0's initial values on
   /// every rank (after a check that all ranks built the same model), gradient buckets.
   template <class Model, class Optimizer, class Loss = loss::CrossEntropyLoss>
-  requires Module<Model> && xtrain::Optimizer<Optimizer> Engine<Model, Optimizer, Communicator, PrecisionPolicy, Loss>
-  prepare(Model model, Optimizer optimizer, Loss loss = {}) {
+  requires Module<Model> && xtrain::Optimizer<Optimizer>
+      Engine<Model, Optimizer, Communicator, PrecisionPolicy, Loss, Backend> prepare(Model model, Optimizer optimizer,
+                                                                                     Loss loss = {}) {
     const EngineOptions& e = options_.engine();
     check_agreement(comm_, {{"the optimizer", describe_or(optimizer, Optimizer::name)},
                             {"the precision", PrecisionPolicy::name},
@@ -107,8 +115,8 @@ class Accelerator {
                             {"the seed", field_text(e.seed)},
                             {"the schedule", e.schedule.describe()},
                             {"the parameter groups", group_names(e)}});
-    return Engine<Model, Optimizer, Communicator, PrecisionPolicy, Loss>(std::move(model), std::move(optimizer),
-                                                                         duplicate(), e, std::move(loss));
+    return Engine<Model, Optimizer, Communicator, PrecisionPolicy, Loss, Backend>(
+        std::move(model), std::move(optimizer), duplicate(), e, std::move(loss));
   }
 
   /// A loader over the global permutation of `data`, this rank's shard of each global batch of

@@ -19,6 +19,7 @@
 
 #include <zlib.h>
 
+#include "xtrain/backend/cpu.hpp"
 #include "xtrain/checkpoint/archive.hpp"
 #include "xtrain/checkpoint/state.hpp"
 #include "xtrain/core/concepts.hpp"
@@ -58,10 +59,11 @@ struct EngineOptions {
   float loss_scale = 65536.0f;                      ///< initial dynamic loss scale (fp16 only)
   std::uint64_t loss_scale_growth_interval = 2000;  ///< clean steps before the scale doubles (fp16 only)
   std::vector<optim::ParamGroup> param_groups;      ///< lr / weight-decay multipliers by rule (first match)
+  std::size_t threads = 0;  ///< the Backend's threads per rank (0: its default; backend/cpu.hpp)
 };
 
 template <class Model, class Optimizer, parallel::Communicator Communicator, Precision PrecisionPolicy = FullPrecision,
-          class Loss = loss::CrossEntropyLoss>
+          class Loss = loss::CrossEntropyLoss, backend::Backend Backend = backend::Cpu>
 class Engine {
   /// The type activations are stored in between modules.
   using act_t = typename PrecisionPolicy::storage_type;
@@ -78,6 +80,7 @@ class Engine {
         optimizer_(std::move(optimizer)),
         comm_(std::move(communicator)),
         options_(std::move(options)),
+        backend_(options_.threads),
         arena_(adopt(model_, options_.shard_optimizer ? comm_.size() * ParamArena::alignment : ParamArena::alignment)),
         shard_(options_.shard_optimizer && comm_.size() > 1),
         block_(arena_.size() / (shard_ ? comm_.size() : 1)),
@@ -385,6 +388,7 @@ class Engine {
     ctx.step = step_;
     ctx.collectives = comm_.size() > 1 ? &collectives_ : nullptr;
     ctx.profiler = profiler_;
+    ctx.executor = backend_.executor();
     return ctx;
   }
 
@@ -416,6 +420,7 @@ class Engine {
   Communicator& communicator() noexcept { return comm_; }
   const EngineOptions& options() const noexcept { return options_; }
   Loss& loss() noexcept { return loss_; }
+  Backend& backend() noexcept { return backend_; }
   /// Sum of per-term losses, correct predictions (classification) and terms of the last
   /// micro-step (this rank).
   double last_loss_sum() const noexcept { return loss_sum_; }
@@ -483,8 +488,12 @@ class Engine {
       const std::size_t b = std::max(seg.begin, begin), e = std::min(seg.end, end);
       if (b >= e) continue;
       const optim::GroupScales& g = groups_[seg.group];
-      optimizer_.step(arena_.values().subspan(b, e - b), arena_.grads().subspan(b, e - b), state_,
-                      StepInfo{lr * g.lr_scale, optimizer_steps(), b - begin, g.weight_decay_scale});
+      // Elementwise: split at multiples of 64 from the segment's start (the same SIMD/tail split
+      // of every element as on one thread).
+      backend::parallel_for(backend_.executor(), e - b, 1u << 15, [&](std::size_t p0, std::size_t p1) {
+        optimizer_.step(arena_.values().subspan(b + p0, p1 - p0), arena_.grads().subspan(b + p0, p1 - p0), state_,
+                        StepInfo{lr * g.lr_scale, optimizer_steps(), b + p0 - begin, g.weight_decay_scale});
+      });
     }
   }
 
@@ -589,6 +598,7 @@ class Engine {
   Optimizer optimizer_;
   Communicator comm_;
   EngineOptions options_;
+  Backend backend_;
   ParamArena arena_;
   bool shard_;
   std::size_t block_;  // optimizer-state elements on this rank

@@ -83,6 +83,14 @@ class TrainerOptions {
     clip_value_ = v;
     return *this;
   }
+  /// Threads per rank of a CpuThreads backend (Trainer's fifth parameter). 0 (default):
+  /// XTRAIN_NUM_THREADS, else OMP_NUM_THREADS, else the rank's share of the cores it may run on.
+  /// Results are bitwise the same for every count.
+  TrainerOptions& threads(std::size_t v) {
+    XTRAIN_CHECK(v <= 1024, ValueError, "TrainerOptions: threads ", v, " is more than 1024");
+    threads_ = v;
+    return *this;
+  }
   /// Gradient bucket size in bytes (DDP's bucket_cap_mb). Default 25 MiB.
   TrainerOptions& bucket_bytes(std::size_t v) {
     XTRAIN_CHECK(v > 0, ValueError, "TrainerOptions: bucket_bytes must be positive");
@@ -157,6 +165,7 @@ class TrainerOptions {
   double clip_grad_norm() const noexcept { return clip_norm_; }
   float clip_grad_value() const noexcept { return clip_value_; }
   std::size_t bucket_bytes() const noexcept { return bucket_bytes_; }
+  std::size_t threads() const noexcept { return threads_; }
   std::size_t deterministic() const noexcept { return deterministic_chunk_; }
   const std::string& project_dir() const noexcept { return project_dir_; }
   bool shard_optimizer() const noexcept { return shard_optimizer_; }
@@ -171,7 +180,7 @@ class TrainerOptions {
   std::size_t global_batch_size_ = 0, accumulate_ = 1, bucket_bytes_ = 25u << 20, deterministic_chunk_ = 0;
   bool scale_lr_ = false, shard_optimizer_ = false;
   std::string project_dir_;
-  std::size_t total_limit_ = 0;
+  std::size_t total_limit_ = 0, threads_ = 0;
   double clip_norm_ = 0.0;
   float clip_value_ = 0.0f;
   float loss_scale_ = 65536.0f;

@@ -47,6 +47,8 @@ class Trainer {
   static_assert(check_optimizer<Optimizer>());
   static_assert(Precision<PrecisionPolicy>,
                 "xtrain: the third Trainer parameter is not a Precision policy (FullPrecision, ...)");
+  static_assert(backend::Backend<Backend>,
+                "xtrain: the fifth Trainer parameter is not a Backend (backend::Cpu, backend::CpuThreads)");
   static_assert(parallel::Communicator<Communicator>,
                 "xtrain: the fourth Trainer parameter is not a Communicator (SingleProcess, "
                 "parallel::ThreadAllReduce, parallel::MpiAllReduce)");
@@ -84,6 +86,7 @@ class Trainer {
     StopSignals signals(options_.stop_signals());
     data::Loader<Train> loader(train, global_batch_size(), options_.seed(), options_.shuffle(), options_.drop_last(),
                                rank(), world_, options_.deterministic());
+    loader.set_executor(engine_.backend().executor());
     History history;
     const auto fit_start = clock::now();
     (callbacks::on_train_begin(callbacks, *this), ...);
@@ -167,6 +170,7 @@ class Trainer {
     const auto scope = record(evaluation_label_, profile::Category::evaluation);
     engine_.broadcast_buffers();
     data::Loader<D> loader(data, options_.eval_batch_size() * world_, 0, false, false, rank(), world_);
+    loader.set_executor(engine_.backend().executor());
     Context ctx = engine_.context(false);
     auto& loss = engine_.loss();
     double sums[4] = {0.0, 0.0, 0.0, 0.0};
@@ -381,6 +385,8 @@ class Trainer {
   ParamArena& params() noexcept { return engine_.params(); }
   const TrainerOptions& options() const noexcept { return options_; }
   Communicator& communicator() noexcept { return engine_.communicator(); }
+  /// The device backend (its threads: backend().threads(); backend::describe(backend()) for a log line).
+  Backend& backend() noexcept { return engine_.backend(); }
   std::size_t rank() { return engine_.communicator().rank(); }
   std::size_t world_size() const noexcept { return world_; }
   bool is_main_process() { return rank() == 0; }
@@ -432,6 +438,7 @@ class Trainer {
     e.loss_scale = o.loss_scale();
     e.loss_scale_growth_interval = o.loss_scale_growth_interval();
     e.param_groups = o.param_groups();
+    e.threads = o.threads();
     XTRAIN_CHECK(e.global_batch >= world, ValueError, "global batch ", e.global_batch, " is smaller than the ", world,
                  " ranks: every rank needs at least one sample per step");
     return e;
@@ -537,7 +544,7 @@ class Trainer {
 
   TrainerOptions options_;
   std::size_t world_;
-  Engine<Model, Optimizer, Communicator, PrecisionPolicy, Loss> engine_;
+  Engine<Model, Optimizer, Communicator, PrecisionPolicy, Loss, Backend> engine_;
   std::uint64_t epoch_ = 0;
   std::size_t batch_in_epoch_ = 0;       // next batch of the current epoch
   double epoch_sums_[4] = {0, 0, 0, 0};  // this rank's running loss sum, correct, terms, samples

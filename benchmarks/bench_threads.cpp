@@ -1,0 +1,130 @@
+// Google Benchmark of backend::CpuThreads: the fork-join latency of our pool against OpenMP's
+// (an empty loop on every thread, back to back, and after the workers have gone to sleep), GEMMs
+// and one training step of the homework's and the wide model on 1 and 2 threads.
+//
+//   build/benchmarks/bench_threads --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+#include <omp.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+#include <xtrain/xtrain.hpp>
+
+#include "random.hpp"
+
+namespace nn = xtrain::layers;
+using bench::random_matrix;
+using xtrain::Matrix;
+
+namespace {
+// Idles `us` microseconds outside the timing (none when 0).
+void idle(benchmark::State& state, std::int64_t us) {
+  if (!us) return;
+  state.PauseTiming();
+  std::this_thread::sleep_for(std::chrono::microseconds(us));
+  state.ResumeTiming();
+}
+
+/// One fork-join of an empty loop on 2 threads; idle_us > 0 idles that long first (the workers
+/// spin for ThreadPool::spin_time, then sleep).
+void BM_ForkJoinPool(benchmark::State& state) {
+  xtrain::backend::ThreadPool pool(2);
+  for (auto _ : state) {
+    idle(state, state.range(0));
+    pool.run(2, [](std::size_t p) { benchmark::DoNotOptimize(p); });
+  }
+}
+BENCHMARK(BM_ForkJoinPool)->ArgName("idle_us")->Arg(0)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_ForkJoinPool)->ArgName("idle_us")->Arg(1500)->Iterations(500)->Unit(benchmark::kMicrosecond);
+
+void BM_ForkJoinOpenMP(benchmark::State& state) {
+  for (auto _ : state) {
+    idle(state, state.range(0));
+#pragma omp parallel num_threads(2)
+    benchmark::DoNotOptimize(omp_get_thread_num());
+  }
+}
+BENCHMARK(BM_ForkJoinOpenMP)->ArgName("idle_us")->Arg(0)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_ForkJoinOpenMP)->ArgName("idle_us")->Arg(1500)->Iterations(500)->Unit(benchmark::kMicrosecond);
+
+/// Memory traffic alone: the column sums of a 256 x 1024 fp32 matrix, each of `threads` threads
+/// its columns; with `written`, the same threads first rewrite their columns (untimed), as a
+/// layer writes what the next one reads. Shows whether the cores' memory paths are independent.
+void BM_ColumnSumsThreads(benchmark::State& state) {
+  const auto threads = static_cast<std::size_t>(state.range(0));
+  const bool written = state.range(1) != 0;
+  constexpr std::size_t rows = 256, cols = 1024;
+  xtrain::backend::ThreadPool pool(threads);
+  Matrix x = random_matrix(rows, cols, 4);
+  std::vector<double> sums(cols);
+  auto split = [&](auto&& body) {
+    xtrain::backend::parallel_for(&pool, cols, 1, 64, [&](std::size_t c0, std::size_t c1) {
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t c = c0; c < c1; ++c) body(r, c);
+    });
+  };
+  for (auto _ : state) {
+    if (written) {
+      state.PauseTiming();
+      split([&](std::size_t r, std::size_t c) { x.data()[r * cols + c] += 1e-3f; });
+      state.ResumeTiming();
+    }
+    split([&](std::size_t r, std::size_t c) { sums[c] += x.data()[r * cols + c]; });
+    benchmark::DoNotOptimize(sums.data());
+  }
+}
+BENCHMARK(BM_ColumnSumsThreads)
+    ->ArgNames({"threads", "written"})
+    ->ArgsProduct({{1, 2}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
+
+/// C = A B^T on `threads` threads.
+void BM_GemmThreads(benchmark::State& state) {
+  using xtrain::kernels::Trans;
+  const auto m = static_cast<std::size_t>(state.range(0)), k = static_cast<std::size_t>(state.range(1)),
+             n = static_cast<std::size_t>(state.range(2)), threads = static_cast<std::size_t>(state.range(3));
+  xtrain::backend::ThreadPool pool(threads);
+  const Matrix a = random_matrix(m, k, 1), b = random_matrix(n, k, 2);
+  Matrix c({m, n});
+  for (auto _ : state) {
+    xtrain::kernels::gemm(Trans::no, Trans::yes, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n, &pool);
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      2.0 * static_cast<double>(m * n * k), benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_GemmThreads)
+    ->ArgNames({"M", "K", "N", "threads"})
+    ->ArgsProduct({{32}, {784}, {32}, {1, 2}})
+    ->ArgsProduct({{256}, {784}, {1024}, {1, 2}})
+    ->ArgsProduct({{2048}, {2048}, {2048}, {1, 2}})
+    ->Unit(benchmark::kMicrosecond);
+
+/// One optimizer step (forward, cross-entropy, backward, Adam) of SimpleModel with `hidden` units
+/// on `threads` threads.
+void BM_TrainStepThreads(benchmark::State& state) {
+  const auto batch = static_cast<std::size_t>(state.range(0)), hidden = static_cast<std::size_t>(state.range(1)),
+             threads = static_cast<std::size_t>(state.range(2));
+  const Matrix x = random_matrix(batch, 784, 3);
+  std::vector<std::int32_t> y(batch);
+  for (std::size_t i = 0; i < batch; ++i) y[i] = static_cast<std::int32_t>(i % 10);
+  using Model = nn::Sequential<nn::Linear, nn::BatchNorm1d, nn::ReLU, nn::Linear>;
+  xtrain::Trainer<Model, xtrain::optim::Adam, xtrain::FullPrecision, xtrain::parallel::SingleProcess,
+                  xtrain::backend::CpuThreads>
+      trainer{Model{nn::Linear{784, hidden}, nn::BatchNorm1d{hidden}, nn::ReLU{}, nn::Linear{hidden, 10}},
+              xtrain::optim::Adam{}, xtrain::TrainerOptions{}.threads(threads).verbose(false)};
+  for (auto _ : state) benchmark::DoNotOptimize(trainer.train_step(x, y, 0, batch).loss);
+  state.counters["samples/s"] =
+      benchmark::Counter(static_cast<double>(batch), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_TrainStepThreads)
+    ->ArgNames({"batch", "hidden", "threads"})
+    ->ArgsProduct({{32}, {32}, {1, 2}})     // the homework's SimpleModel
+    ->ArgsProduct({{256}, {1024}, {1, 2}})  // the wide model
+    ->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,93 @@
+#pragma once
+/// \file executor.hpp
+/// How a backend runs the loops of kernels: `Executor` (type-erased, so layers and kernels are not
+/// templates on the backend) and `parallel_for`, which splits a range into parts at fixed
+/// boundaries. A null executor, or one of one thread, runs everything on the calling thread.
+///
+/// Determinism: a part computes outputs that no other part touches, and every output is computed
+/// by the same instructions in the same order whatever the split (parts are aligned to the SIMD
+/// width and to the kernels' register tiles). Sums over a split dimension are never combined from
+/// parts. So results are bitwise the same on any number of threads.
+
+#include <algorithm>
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+
+namespace xtrain::backend {
+
+/// A non-owning reference to a callable `void(std::size_t part)`.
+class PartFunction {
+ public:
+  // Implicit, a view of f for the duration of a call (as function_ref); never a copy constructor.
+  template <class F>
+  // NOLINTNEXTLINE(google-explicit-constructor,bugprone-forwarding-reference-overload)
+  requires(!std::is_same_v<std::remove_cvref_t<F>, PartFunction>) PartFunction(F&& f)
+  noexcept
+      : object_(const_cast<void*>(static_cast<const void*>(&f))),
+        call_([](void* o, std::size_t part) { (*static_cast<std::remove_reference_t<F>*>(o))(part); }) {}
+  void operator()(std::size_t part) const { call_(object_, part); }
+
+ private:
+  void* object_;
+  void (*call_)(void*, std::size_t);
+};
+
+/// Runs parts of a loop on threads. Implementations: the single-thread `Serial` below and
+/// backend::ThreadPool (backend/thread_pool.hpp).
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  /// Threads a loop may be split over (the calling thread included).
+  virtual std::size_t threads() const noexcept = 0;
+  /// Calls body(p) for every p in [0, parts), concurrently, and returns when all have returned.
+  /// Requires parts <= threads(). A call made from inside a body runs its parts one after another
+  /// on the calling thread. The first exception thrown by a part is rethrown here.
+  virtual void run(std::size_t parts, PartFunction body) = 0;
+};
+
+/// Everything on the calling thread.
+class Serial final : public Executor {
+ public:
+  std::size_t threads() const noexcept override { return 1; }
+  void run(std::size_t parts, PartFunction body) override {
+    for (std::size_t p = 0; p < parts; ++p) body(p);
+  }
+};
+
+/// Threads available through `e` (1 when null).
+inline std::size_t threads_of(const Executor* e) noexcept { return e ? e->threads() : 1; }
+
+/// Splits [0, n) into at most threads_of(e) parts of at least `grain` elements, each boundary a
+/// multiple of `align`, and calls f(begin, end) for each part (on the calling thread when there
+/// is one part), or f(begin, end, part) when f takes the part's index (below threads_of(e): to
+/// pick a per-thread scratch buffer). Parts are as equal as the alignment allows.
+template <class F>
+void parallel_for(Executor* e, std::size_t n, std::size_t grain, std::size_t align, F&& f) {
+  auto call = [&](std::size_t b, std::size_t end, std::size_t p) {
+    if constexpr (std::is_invocable_v<F&, std::size_t, std::size_t, std::size_t>)
+      f(b, end, p);
+    else
+      f(b, end);
+  };
+  const std::size_t units = (n + align - 1) / align;  // aligned blocks
+  const std::size_t by_grain = std::max<std::size_t>(1, n / std::max<std::size_t>(grain, 1));
+  const std::size_t parts = std::min({threads_of(e), by_grain, units});
+  if (e == nullptr || parts <= 1) {
+    if (n) call(std::size_t{0}, n, std::size_t{0});
+    return;
+  }
+  auto part = [&](std::size_t p) {
+    const std::size_t b = std::min(n, units * p / parts * align), end = std::min(n, units * (p + 1) / parts * align);
+    if (b < end) call(b, end, p);
+  };
+  e->run(parts, part);
+}
+
+/// parallel_for with boundaries at multiples of 64 elements (whole SIMD vectors, whole cache lines).
+template <class F>
+void parallel_for(Executor* e, std::size_t n, std::size_t grain, F&& f) {
+  parallel_for(e, n, grain, 64, std::forward<F>(f));
+}
+
+}  // namespace xtrain::backend
