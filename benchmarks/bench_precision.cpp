@@ -60,11 +60,13 @@ void BM_Gemm(benchmark::State& state) {
   const auto A = random_values<T>(M * K, 1.0f, 1);
   const auto W = random_values<float>(N * K, 1.0f, 2);
   std::vector<float> C(M * N);
+  xtrain::backend::Serial serial;  // one thread, its workspace reused across calls
   for (auto _ : state) {
     if constexpr (std::is_same_v<T, float>)
-      xtrain::kernels::gemm(Trans::no, Trans::yes, M, N, K, 1.0f, A.data(), K, W.data(), K, 0.0f, C.data(), N);
+      xtrain::kernels::gemm(Trans::no, Trans::yes, M, N, K, 1.0f, A.data(), K, W.data(), K, 0.0f, C.data(), N, &serial);
     else
-      xtrain::kernels::gemm_lowp<T>(Trans::no, Trans::yes, M, N, K, 1.0f, A.data(), K, W.data(), K, 0.0f, C.data(), N);
+      xtrain::kernels::gemm_lowp<T>(Trans::no, Trans::yes, M, N, K, 1.0f, A.data(), K, W.data(), K, 0.0f, C.data(), N,
+                                    &serial);
     benchmark::DoNotOptimize(C.data());
     benchmark::ClobberMemory();
   }
@@ -82,7 +84,9 @@ void BM_Linear(benchmark::State& state) {
   nn::Linear layer(in, out);
   const auto x = random_batch<T>(n, in, 1.0f, 3);
   const auto dy = random_batch<T>(n, out, 0.01f, 4);
+  xtrain::backend::Serial serial;  // one thread, its workspace reused across calls
   xtrain::Context ctx;
+  ctx.executor = &serial;
   for (auto _ : state) {
     benchmark::DoNotOptimize(layer.forward(ctx, x).data());
     benchmark::DoNotOptimize(layer.backward(ctx, dy).data());
@@ -103,7 +107,9 @@ void BM_Conv2d(benchmark::State& state) {
   const auto xv = random_values<T>(x.size(), 1.0f, 5), dv = random_values<T>(dy.size(), 0.01f, 6);
   std::copy(xv.begin(), xv.end(), x.data());
   std::copy(dv.begin(), dv.end(), dy.data());
+  xtrain::backend::Serial serial;  // one thread, its workspace reused across calls
   xtrain::Context ctx;
+  ctx.executor = &serial;
   ctx.input_grad = in > 1;
   for (auto _ : state) {
     benchmark::DoNotOptimize(conv.forward(ctx, x).data());
@@ -127,13 +133,14 @@ void BM_CausalAttention(benchmark::State& state) {
   const auto qkv = random_values<float>(B * T * ld, 1.0f, 7), dout = random_values<float>(B * T * C, 0.01f, 8);
   std::vector<float> out(B * T * C), lse(B * H * T), g(B * T * ld), scratch(2 * xtrain::kernels::attention_scratch(T));
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  xtrain::backend::Serial serial;  // one thread, its workspace reused across calls
   for (auto _ : state) {
     std::fill(g.begin(), g.end(), 0.0f);
     for (std::size_t b = 0; b < B; ++b)
       for (std::size_t h = 0; h < H; ++h) {
         const float* q = qkv.data() + b * T * ld + h * d;
         xtrain::kernels::causal_attention_forward(T, d, scale, q, q + C, q + 2 * C, ld, out.data() + b * T * C + h * d,
-                                                  C, lse.data() + (b * H + h) * T, scratch.data());
+                                                  C, lse.data() + (b * H + h) * T, scratch.data(), &serial);
       }
     for (std::size_t b = 0; b < B; ++b)
       for (std::size_t h = 0; h < H; ++h) {
@@ -141,7 +148,7 @@ void BM_CausalAttention(benchmark::State& state) {
         float* gq = g.data() + b * T * ld + h * d;
         xtrain::kernels::causal_attention_backward(T, d, scale, q, q + C, q + 2 * C, ld, out.data() + b * T * C + h * d,
                                                    dout.data() + b * T * C + h * d, C, lse.data() + (b * H + h) * T, gq,
-                                                   gq + C, gq + 2 * C, ld, scratch.data());
+                                                   gq + C, gq + 2 * C, ld, scratch.data(), &serial);
       }
     benchmark::DoNotOptimize(g.data());
     benchmark::ClobberMemory();
@@ -203,7 +210,9 @@ void BM_Activation(benchmark::State& state) {
   nn::Activation layer(kind);
   const auto x = random_batch<T>(rows, cols, 4.0f, 5);
   const auto dy = random_batch<T>(rows, cols, 1.0f, 6);
+  xtrain::backend::Serial serial;  // one thread, its workspace reused across calls
   xtrain::Context ctx;
+  ctx.executor = &serial;
   const std::size_t before = heap_in_use();
   layer.forward(ctx, x);
   if (backward) layer.backward(ctx, dy);

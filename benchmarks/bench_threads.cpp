@@ -1,6 +1,7 @@
 // Google Benchmark of backend::CpuThreads: the fork-join latency of our pool against OpenMP's
-// (an empty loop on every thread, back to back, and after the workers have gone to sleep), GEMMs
-// and one training step of the homework's and the wide model on 1 and 2 threads.
+// (an empty loop on every thread, back to back, and after the workers have gone to sleep), column
+// sums, BatchNorm, GEMMs and one training step of the homework's and the wide model on 1 and 2
+// threads.
 //
 //   build/benchmarks/bench_threads --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <omp.h>
@@ -77,6 +78,29 @@ void BM_ColumnSumsThreads(benchmark::State& state) {
 }
 BENCHMARK(BM_ColumnSumsThreads)
     ->ArgNames({"threads", "written"})
+    ->ArgsProduct({{1, 2}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
+
+/// BatchNorm1d(1024) over a batch of 256 in training: forward, then backward with the input
+/// gradient, on `threads` threads (the wide model's BatchNorm).
+void BM_BatchNormThreads(benchmark::State& state) {
+  const auto threads = static_cast<std::size_t>(state.range(0));
+  const bool backward = state.range(1) != 0;
+  xtrain::backend::CpuThreads backend(threads);
+  xtrain::Context ctx;
+  ctx.executor = backend.executor();
+  nn::BatchNorm1d bn(1024);
+  const Matrix x = random_matrix(256, 1024, 5), dy = random_matrix(256, 1024, 6);
+  bn.forward(ctx, x);
+  for (auto _ : state) {
+    if (backward)
+      benchmark::DoNotOptimize(bn.backward(ctx, dy).data());
+    else
+      benchmark::DoNotOptimize(bn.forward(ctx, x).data());
+  }
+}
+BENCHMARK(BM_BatchNormThreads)
+    ->ArgNames({"threads", "backward"})
     ->ArgsProduct({{1, 2}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
 

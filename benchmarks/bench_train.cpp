@@ -24,7 +24,9 @@ void BM_LinearForwardBackward(benchmark::State& state) {
   const bool first = state.range(3) != 0;
   nn::Linear layer(in, out);
   const Matrix x = random_matrix(batch, in, 1), dy = random_matrix(batch, out, 2);
+  xtrain::backend::Serial serial;  // one thread, its workspace reused across calls
   xtrain::Context ctx;
+  ctx.executor = &serial;
   ctx.input_grad = !first;
   for (auto _ : state) {
     benchmark::DoNotOptimize(layer.forward(ctx, x).data());
@@ -51,8 +53,9 @@ void BM_Gemm(benchmark::State& state) {
              n = static_cast<std::size_t>(state.range(2));
   const Matrix a = random_matrix(m, k, 1), b = random_matrix(n, k, 2);
   Matrix c({m, n});
+  xtrain::backend::Serial serial;  // one thread, its workspace reused across calls
   for (auto _ : state) {
-    xtrain::kernels::gemm(Trans::no, Trans::yes, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n);
+    xtrain::kernels::gemm(Trans::no, Trans::yes, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n, &serial);
     benchmark::DoNotOptimize(c.data());
   }
   state.counters["GFLOP/s"] = benchmark::Counter(

@@ -33,7 +33,7 @@ def main() -> int:
         print(f"rank {pid}: {len(mine)} events, categories {sorted(cats)}")
     with open(output_file) as f:
         output = f.read()
-    for row in ("0: Linear forward", "1: BatchNorm1d backward", "Adam step", "data", "gradient allreduce"):
+    for row in ("0: Linear forward", "1: BatchNorm1d backward", "Adam step", "zero_grad", "data", "gradient allreduce"):
         if row not in output:
             failures.append(f"the table has no row '{row}'")
     accounted = [float(a) for a in re.findall(r"in steps \(([0-9.]+)% accounted\)", output)]

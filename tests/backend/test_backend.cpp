@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "../../examples/cnn_models.hpp"
 #include "support.hpp"
 #include "xtrain/xtrain.hpp"
 
@@ -65,8 +66,11 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
 // The parameters (and BatchNorm's buffers) after `epochs` of Adam on the first samples of
 // Fashion-MNIST with `threads` threads.
 template <class Precision = FullPrecision, class Model>
-std::vector<float> train_with(std::size_t threads, Model model, std::size_t batch, std::size_t epochs) {
-  const auto train = head(fashion().train, train_samples), test = head(fashion().test, 200);
+std::vector<float> train_with(std::size_t threads, Model model, std::size_t batch, std::size_t epochs,
+                              const Shape& sample = Shape{784}, std::size_t samples = train_samples) {
+  auto train = head(fashion().train, samples), test = head(fashion().test, 200);
+  train.with_sample_shape(sample);
+  test.with_sample_shape(sample);
   Trainer<Model, optim::Adam, Precision, parallel::SingleProcess, backend::CpuThreads> trainer{
       std::move(model), optim::Adam{}.lr(1e-3f),
       TrainerOptions{}.batch_size(batch).epochs(epochs).threads(threads).verbose(false)};
@@ -189,6 +193,17 @@ TEST_CASE("Training is bitwise the same on 1, 2 and 3 threads", "[backend][train
     const auto one = train_with(1, model(), 256, 3);
     REQUIRE(same_bits(one, train_with(2, model(), 256, 3)));
     REQUIRE(same_bits(one, train_with(3, model(), 256, 3)));
+  }
+  SECTION("LeNet (convolutions on the backend's threads, pooling), batch 64, 1 epoch") {
+    const auto model = [] {
+      set_seed(10);
+      return cnn_models::lenet();
+    };
+    const Shape image{1, 28, 28};
+    const std::size_t n = train_samples / 5;
+    const auto one = train_with(1, model(), 64, 1, image, n);
+    REQUIRE(same_bits(one, train_with(2, model(), 64, 1, image, n)));
+    REQUIRE(same_bits(one, train_with(3, model(), 64, 1, image, n)));
   }
   SECTION("the wide model in bf16") {
     const auto model = [] {

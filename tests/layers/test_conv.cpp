@@ -314,10 +314,13 @@ TEST_CASE("Convolutional layers say what is wrong", "[conv][errors]") {
 
 namespace {
 /// Bytes of counted storage (tensors, layer buffers) a forward + backward of `model` on x
-/// allocates after two warm-up steps (memory::counters(): per thread, never decreasing).
+/// allocates after two warm-up steps (memory::counters(): per thread, never decreasing), with a
+/// backend's executor (whose workspace the GEMMs and the 16-bit BatchNorm reuse).
 template <class Model, class T>
 std::int64_t allocated_once_warm(Model& model, const Tensor<T>& x) {
+  backend::Serial serial;
   Context ctx;
+  ctx.executor = &serial;
   ctx.input_grad = false;
   Tensor<T> dy;
   auto step = [&] {

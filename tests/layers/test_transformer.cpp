@@ -213,7 +213,9 @@ TEST_CASE("GPT allocates nothing per step once warm", "[transformer][memory]") {
   nn::GPT model{{.vocab = 20, .block = 16, .layers = 2, .heads = 2, .embd = 32}};
   Tensor<std::int32_t> ids({3, 16});
   for (std::size_t i = 0; i < ids.size(); ++i) ids.data()[i] = static_cast<std::int32_t>(i % 20);
+  backend::Serial serial;  // its workspace, reused
   Context ctx;
+  ctx.executor = &serial;
   ctx.input_grad = false;
   Matrix dy;
   auto step = [&] {

@@ -67,7 +67,7 @@ TEST_CASE("Profiler: every module's forward and backward, named as in state_dict
   for (const char* n : {"Sequential forward", "0: Linear forward", "1: Residual forward", "1: Sequential forward",
                         "1.0: Linear forward", "1.1: ReLU forward", "2: Linear forward", "CrossEntropyLoss forward",
                         "2: Linear backward", "1.1: ReLU backward", "1.0: Linear backward", "0: Linear backward",
-                        "Sequential backward", "Adam step", "data", "step"}) {
+                        "Sequential backward", "Adam step", "zero_grad", "data", "step"}) {
     INFO(n);
     REQUIRE(names.count(n) == 4);  // once per step
   }

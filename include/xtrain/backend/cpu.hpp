@@ -1,8 +1,11 @@
 #pragma once
 /// \file cpu.hpp
 /// Device backend policies: the last-but-one parameter of Trainer (and Engine's, Accelerator's).
-/// A backend decides where kernels run; layers reach it through Context::executor, the engine
-/// through Engine::backend(). docs/design.md ("Backends") says how a GPU backend would plug in.
+/// A backend decides where kernels run and where buffers live: its executor runs the kernels'
+/// loops and owns a workspace per thread; its memory resource gives every buffer of a training
+/// (the engine allocates under a memory::Use scope of it). Layers reach it through
+/// Context::executor, the engine through Engine::backend(). docs/design.md ("Backends and
+/// threads") says how a GPU backend would plug in.
 ///  - Cpu: one thread per rank (the default; scale out with ranks: mpirun -np <cores>).
 ///  - CpuThreads: a pool of N threads per rank that splits GEMMs, elementwise maps and the
 ///    optimizer's pass (N: TrainerOptions::threads, else XTRAIN_NUM_THREADS or OMP_NUM_THREADS, else
@@ -22,7 +25,8 @@
 namespace xtrain::backend {
 
 /// What Engine needs of a backend: built from a requested thread count (0: its default), the
-/// executor kernels run on (null: the calling thread), the threads it uses.
+/// executor kernels run on (never null; it owns the workspaces and the memory resource), the
+/// threads it uses.
 template <class B>
 concept Backend = requires(B& b, const B& cb, std::size_t n) {
   { B::name } -> std::convertible_to<const char*>;
@@ -35,13 +39,21 @@ concept Backend = requires(B& b, const B& cb, std::size_t n) {
 class Cpu {
  public:
   static constexpr const char* name = "cpu";
-  /// Requires requested <= 1 (0: default); more threads need CpuThreads.
-  explicit Cpu(std::size_t requested = 0) {
+  /// Requires requested <= 1 (0: default); more threads need CpuThreads. Buffers come from
+  /// `resource` (a host memory resource of this backend's own by default, so that its stats()
+  /// are this training's).
+  explicit Cpu(std::size_t requested = 0, std::shared_ptr<memory::Resource> resource = nullptr)
+      : executor_(std::make_unique<Serial>(resource ? std::move(resource) : std::make_shared<memory::HostResource>())) {
     XTRAIN_CHECK(requested <= 1, ValueError, "backend::Cpu runs one thread per rank, ", requested,
                  " threads were asked for: use backend::CpuThreads (Trainer's fifth parameter)");
   }
-  Executor* executor() noexcept { return nullptr; }
+  Executor* executor() noexcept { return executor_.get(); }
   std::size_t threads() const noexcept { return 1; }
+  /// Where this backend's buffers live.
+  memory::Resource& memory() noexcept { return executor_->memory(); }
+
+ private:
+  std::unique_ptr<Serial> executor_;  // on the heap: layers keep its address while the backend moves
 };
 
 /// N threads per rank (intra-op parallelism); N = 1 runs as Cpu does.
@@ -49,9 +61,13 @@ class CpuThreads {
  public:
   static constexpr const char* name = "cpu-threads";
   /// `requested` threads; 0: XTRAIN_NUM_THREADS, else OMP_NUM_THREADS, else default_threads().
-  explicit CpuThreads(std::size_t requested = 0) : pool_(std::make_unique<ThreadPool>(resolve_threads(requested))) {}
-  Executor* executor() noexcept { return pool_->threads() > 1 ? pool_.get() : nullptr; }
+  /// Buffers come from `resource` (a host memory resource of this backend's own by default).
+  explicit CpuThreads(std::size_t requested = 0, std::shared_ptr<memory::Resource> resource = nullptr)
+      : pool_(std::make_unique<ThreadPool>(
+            resolve_threads(requested), resource ? std::move(resource) : std::make_shared<memory::HostResource>())) {}
+  Executor* executor() noexcept { return pool_.get(); }
   std::size_t threads() const noexcept { return pool_->threads(); }
+  memory::Resource& memory() noexcept { return pool_->memory(); }
 
  private:
   std::unique_ptr<ThreadPool> pool_;

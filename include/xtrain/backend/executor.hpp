@@ -1,8 +1,9 @@
 #pragma once
 /// \file executor.hpp
-/// How a backend runs the loops of kernels: `Executor` (type-erased, so layers and kernels are not
-/// templates on the backend) and `parallel_for`, which splits a range into parts at fixed
-/// boundaries. A null executor, or one of one thread, runs everything on the calling thread.
+/// How a backend runs the loops of kernels and where their buffers live: `Executor` (type-erased,
+/// so layers and kernels are not templates on the backend), with its memory resource and a
+/// workspace per thread, and `parallel_for`, which splits a range into parts at fixed boundaries.
+/// A null executor, or one of one thread, runs everything on the calling thread.
 ///
 /// Determinism: a part computes outputs that no other part touches, and every output is computed
 /// by the same instructions in the same order whatever the split (parts are aligned to the SIMD
@@ -11,8 +12,13 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <memory>
+#include <optional>
 #include <type_traits>
 #include <utility>
+
+#include "xtrain/backend/workspace.hpp"
+#include "xtrain/core/memory.hpp"
 
 namespace xtrain::backend {
 
@@ -33,8 +39,10 @@ class PartFunction {
   void (*call_)(void*, std::size_t);
 };
 
-/// Runs parts of a loop on threads. Implementations: the single-thread `Serial` below and
-/// backend::ThreadPool (backend/thread_pool.hpp).
+/// Runs parts of a loop on threads, and owns the memory they work in. Implementations: the
+/// single-thread `Serial` below and backend::ThreadPool (backend/thread_pool.hpp). One thread at
+/// a time drives an executor (calls run, or kernels with it); the threads it runs parts on are
+/// its own.
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -42,17 +50,63 @@ class Executor {
   virtual std::size_t threads() const noexcept = 0;
   /// Calls body(p) for every p in [0, parts), concurrently, and returns when all have returned.
   /// Requires parts <= threads(). A call made from inside a body runs its parts one after another
-  /// on the calling thread. The first exception thrown by a part is rethrown here.
+  /// on the calling thread. The first exception thrown by a part is rethrown here. Parts run
+  /// with memory() as their threads' current resource.
   virtual void run(std::size_t parts, PartFunction body) = 0;
+  /// The workspace of the calling thread (a thread of this executor's, or the one driving it).
+  virtual Workspace& workspace() noexcept = 0;
+  /// Where the backend's buffers live (memory::Use scopes and the workspaces allocate from it).
+  virtual memory::Resource& memory() noexcept = 0;
 };
 
-/// Everything on the calling thread.
+/// Everything on the calling thread, with one workspace.
 class Serial final : public Executor {
  public:
+  /// Buffers from `resource` (host memory by default).
+  explicit Serial(std::shared_ptr<memory::Resource> resource = memory::host().shared_from_this())
+      : workspace_(resource), resource_(std::move(resource)) {}
   std::size_t threads() const noexcept override { return 1; }
   void run(std::size_t parts, PartFunction body) override {
     for (std::size_t p = 0; p < parts; ++p) body(p);
   }
+  Workspace& workspace() noexcept override { return workspace_; }
+  memory::Resource& memory() noexcept override { return *resource_; }
+
+ private:
+  Workspace workspace_;
+  std::shared_ptr<memory::Resource> resource_;
+};
+
+/// The calling thread's workspace of `e`, or, without an executor, a workspace of its own that
+/// lives as long as this object (from the current resource: kernels called without a backend
+/// allocate their scratch per call).
+class WorkspaceFor {
+ public:
+  explicit WorkspaceFor(Executor* e) {
+    if (e)
+      workspace_ = &e->workspace();
+    else
+      workspace_ = &own_.emplace(memory::current().shared_from_this());
+  }
+  WorkspaceFor(const WorkspaceFor&) = delete;
+  WorkspaceFor& operator=(const WorkspaceFor&) = delete;
+  Workspace& operator*() const noexcept { return *workspace_; }
+  Workspace* operator->() const noexcept { return workspace_; }
+
+ private:
+  std::optional<Workspace> own_;
+  Workspace* workspace_ = nullptr;
+};
+
+/// Makes `e`'s memory resource the current one for the scope (nothing without an executor).
+class UseMemoryOf {
+ public:
+  explicit UseMemoryOf(Executor* e) {
+    if (e) use_.emplace(e->memory());
+  }
+
+ private:
+  std::optional<memory::Use> use_;
 };
 
 /// Threads available through `e` (1 when null).

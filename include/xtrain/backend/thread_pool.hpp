@@ -5,13 +5,15 @@
 /// back to back, microseconds apart) and then sleep on a futex (std::atomic::wait), so an idle
 /// pool costs nothing. With more threads than the cores of the process's affinity mask, waiting
 /// threads yield instead of spinning (a spinning thread would take the core of the one it waits
-/// for). benchmarks/RESULTS.md compares its fork-join latency with OpenMP's.
+/// for). Each thread has a workspace of its own, and parts run with the pool's memory resource as
+/// their thread's current one. benchmarks/RESULTS.md compares its fork-join latency with OpenMP's.
 
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -32,9 +34,14 @@ class ThreadPool final : public Executor {
   /// How long a worker spins for the next loop before it sleeps.
   static constexpr std::chrono::microseconds spin_time{1000};
 
-  /// Requires threads >= 1 (1: no workers, every loop runs on the caller).
-  explicit ThreadPool(std::size_t threads) : oversubscribed_(threads > affinity_cores()) {
+  /// Requires threads >= 1 (1: no workers, every loop runs on the caller). Buffers (the
+  /// workspaces, and what parts allocate) come from `resource` (host memory by default).
+  explicit ThreadPool(std::size_t threads,
+                      std::shared_ptr<memory::Resource> resource = memory::host().shared_from_this())
+      : resource_(std::move(resource)), oversubscribed_(threads > affinity_cores()) {
     XTRAIN_CHECK(threads >= 1 && threads <= 1024, ValueError, "a thread pool needs 1 to 1024 threads, got ", threads);
+    workspaces_.reserve(threads);
+    for (std::size_t i = 0; i < threads; ++i) workspaces_.push_back(std::make_unique<Workspace>(resource_));
     workers_.reserve(threads - 1);
     try {
       for (std::size_t id = 1; id < threads; ++id) workers_.emplace_back([this, id] { work(id); });
@@ -48,6 +55,12 @@ class ThreadPool final : public Executor {
   ~ThreadPool() override { stop_workers(); }
 
   std::size_t threads() const noexcept override { return workers_.size() + 1; }
+  /// The calling thread's: a worker's own, else (the thread driving the pool) the first.
+  Workspace& workspace() noexcept override {
+    const Worker& w = worker();
+    return *workspaces_[w.pool == this ? w.id : 0];
+  }
+  memory::Resource& memory() noexcept override { return *resource_; }
 
   void run(std::size_t parts, PartFunction body) override {
     XTRAIN_CHECK(parts <= threads(), ValueError, "ThreadPool::run: ", parts, " parts for ", threads(), " threads");
@@ -111,7 +124,19 @@ class ThreadPool final : public Executor {
     while (!done()) sleep();
   }
 
+  // Which pool's worker the calling thread is (none: null), and its index.
+  struct Worker {
+    const ThreadPool* pool = nullptr;
+    std::size_t id = 0;
+  };
+  static Worker& worker() noexcept {
+    thread_local Worker w;
+    return w;
+  }
+
   void work(std::size_t id) {
+    worker() = {this, id};
+    const memory::Use use(*resource_);
     std::uint32_t seen = 0;
     for (;;) {
       spin_until([&] { return generation_.load(std::memory_order_acquire) != seen; },
@@ -135,7 +160,9 @@ class ThreadPool final : public Executor {
     }
   }
 
-  bool oversubscribed_;  // more threads than cores: yield while waiting
+  std::shared_ptr<memory::Resource> resource_;
+  std::vector<std::unique_ptr<Workspace>> workspaces_;  // one per thread (index 0: the caller's)
+  bool oversubscribed_;                                 // more threads than cores: yield while waiting
   std::vector<std::thread> workers_;
   alignas(64) std::atomic<std::uint32_t> generation_{0};  // bumped to start a loop (or to stop)
   std::atomic<std::uint32_t> sleepers_{0};                // workers asleep in generation_.wait

@@ -150,9 +150,11 @@ void assign_module_ids(M& model) {
   model.visit(v);
 }
 
-/// Runs `module.forward(ctx, x)`: what containers call on a child (recorded by ctx.profiler).
+/// Runs `module.forward(ctx, x)`: what containers call on a child (recorded by ctx.profiler), with
+/// the memory resource of ctx's backend current (the module's buffers are the backend's).
 template <class M, class X>
 decltype(auto) forward(Context& ctx, M& module, const X& x) {
+  const backend::UseMemoryOf use(ctx.executor);
   if (ctx.profiler && ctx.profiler->recording()) [[unlikely]] {
     const auto scope = ctx.profiler->module_scope(module, profile::Category::forward, x);
     return module.forward(ctx, x);
@@ -164,6 +166,7 @@ decltype(auto) forward(Context& ctx, M& module, const X& x) {
 /// its output stored as T (recorded by ctx.profiler).
 template <ActivationType T, class M>
 const Tensor<T>& forward_tokens(Context& ctx, M& module, const Tensor<std::int32_t>& ids) {
+  const backend::UseMemoryOf use(ctx.executor);
   if (ctx.profiler && ctx.profiler->recording()) [[unlikely]] {
     const auto scope = ctx.profiler->module_scope(module, profile::Category::forward, ids);
     return module.template forward<T>(ctx, ids);
@@ -181,12 +184,14 @@ void report_gradients_ready(Context& ctx, M& module) {
   }
 }
 
-/// Runs `module.backward(ctx, dy)` and then reports the module's own parameters ready: what
+/// Runs `module.backward(ctx, dy)` (with the memory resource of ctx's backend current) and then
+/// reports the module's own parameters ready: what
 /// containers (and the engine, for the root) call on a child. A container that calls a child's
 /// backward directly instead leaves that child's gradient buckets waiting (an error names the
 /// parameter at the end of backward).
 template <class M, class DY>
 decltype(auto) backward(Context& ctx, M& module, const DY& dy) {
+  const backend::UseMemoryOf use(ctx.executor);
   auto scope =
       ctx.profiler ? ctx.profiler->module_scope(module, profile::Category::backward, dy) : profile::Profiler::Scope{};
   decltype(auto) dx = module.backward(ctx, dy);

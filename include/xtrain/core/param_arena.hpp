@@ -14,14 +14,14 @@
 
 #include "xtrain/core/concepts.hpp"
 #include "xtrain/core/error.hpp"
-#include "xtrain/core/memory_counter.hpp"
+#include "xtrain/core/memory.hpp"
 #include "xtrain/core/module.hpp"
 #include "xtrain/core/param.hpp"
 
 namespace xtrain {
 
 /// Aligned fp32 storage for the arena and the optimizer state.
-using AlignedVector = std::vector<float, memory::CountingAllocator<float>>;  // counted: memory::counters()
+using AlignedVector = std::vector<float, memory::Allocator<float>>;  // counted: memory::counters()
 
 /// One parameter's place in the arena (a slot: tied parameters share one).
 struct ParamEntry {

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "xtrain/core/error.hpp"
-#include "xtrain/core/memory_counter.hpp"
+#include "xtrain/core/memory.hpp"
 #include "xtrain/core/precision.hpp"
 
 namespace xtrain {
@@ -56,6 +56,13 @@ class Shape {
     Shape s = *this;
     if (s.rank_ == 0) s.rank_ = 1;
     s.dims_[s.rank_ - 1] = n;
+    return s;
+  }
+  /// This shape with one more dimension `n` at the end ([B, T] -> [B, T, n]).
+  Shape appended(std::size_t n) const {
+    XTRAIN_CHECK(rank_ < max_rank, ShapeError, "a tensor has at most ", max_rank, " dimensions");
+    Shape s = *this;
+    s.dims_[s.rank_++] = n;
     return s;
   }
   std::vector<std::size_t> to_vector() const { return {begin(), end()}; }
@@ -194,7 +201,7 @@ class Tensor {
   }
 
   Shape shape_ = Shape{0};
-  std::vector<T, memory::CountingAllocator<T>> storage_;  // counted: memory::counters()
+  std::vector<T, memory::Allocator<T>> storage_;  // counted: memory::counters()
 };
 
 /// The shape of a tensor as a vector (for messages and file headers).
@@ -234,11 +241,22 @@ struct ActivationBuffers {
   }
 };
 
-/// Throws ShapeError naming `who` unless `x` has at least one dimension and its last is `cols`
-/// (a layer over the last dimension: `[*, cols]`).
-template <class T>
-void check_last_dim(const Tensor<T>& x, std::size_t cols, const std::string& who, const char* what = "input") {
-  XTRAIN_CHECK(x.dimension() >= 1 && x.shape().back() == cols, ShapeError, who, ": ", what, " has shape ",
+/// The name a failed check gives: `who` itself (a string), or a module's `who.describe()`. Checks
+/// take the module and call this only when they fail, so a check that passes builds no string
+/// (a training step allocates nothing).
+template <class Who>
+std::string name_of(const Who& who) {
+  if constexpr (requires { who.describe(); })
+    return who.describe();
+  else
+    return std::string(who);
+}
+
+/// Throws ShapeError naming `who` (a string, or a module: name_of) unless `x` has at least one
+/// dimension and its last is `cols` (a layer over the last dimension: `[*, cols]`).
+template <class T, class Who>
+void check_last_dim(const Tensor<T>& x, std::size_t cols, const Who& who, const char* what = "input") {
+  XTRAIN_CHECK(x.dimension() >= 1 && x.shape().back() == cols, ShapeError, name_of(who), ": ", what, " has shape ",
                x.shape().str(), ", expected [*, ", cols, "]");
 }
 

@@ -42,6 +42,7 @@ class Loader {
   /// Gathers batch k of the current epoch. The returned references stay valid until the next call.
   batch_type batch(std::size_t k) {
     const parallel::Shard s = sampler_.shard(k);
+    const backend::UseMemoryOf use(executor_);  // the batch lives in the backend's memory
     if constexpr (requires { data_->gather(s.indices, x_, y_, executor_); })
       data_->gather(s.indices, x_, y_, executor_);  // rows split over the backend's threads
     else
@@ -49,7 +50,8 @@ class Loader {
     return {x_, y_, s.global_offset, s.global_count};
   }
 
-  /// Threads a data set may gather a batch on (when it has a gather taking an executor); null: one.
+  /// The backend's executor: the batch is allocated from its memory resource, and gathered on its
+  /// threads (when the data set has a gather taking an executor). Null: host memory, one thread.
   void set_executor(backend::Executor* e) noexcept { executor_ = e; }
 
   const parallel::GlobalSampler& sampler() const noexcept { return sampler_; }

@@ -63,14 +63,14 @@ void exp_shifted_only(float* x, std::size_t n, float shift) noexcept {
 /// out[i] = sum over j <= i of softmax_j(scale * q_i . k_j) v_j for i < T, and lse[i] the
 /// log-sum-exp of row i's scaled scores (what backward needs). q, k, v: T rows of d floats at
 /// stride `ld` (the fused QKV projection's row); out: T rows at stride `ldo`. `scratch`: at least
-/// attention_scratch(T) floats.
+/// attention_scratch(T) floats. The GEMMs pack in the calling thread's workspace of `executor`.
 inline void causal_attention_forward(std::size_t T, std::size_t d, float scale, const float* q, const float* k,
                                      const float* v, std::size_t ld, float* out, std::size_t ldo, float* lse,
-                                     float* scratch) {
+                                     float* scratch, backend::Executor* executor = nullptr) {
   for (std::size_t i0 = 0; i0 < T; i0 += attention_block) {
     const std::size_t i1 = std::min(T, i0 + attention_block), rows = i1 - i0, keys = i1;
     float* s = scratch;
-    gemm(Trans::no, Trans::yes, rows, keys, d, scale, q + i0 * ld, ld, k, ld, 0.0f, s, keys);
+    gemm(Trans::no, Trans::yes, rows, keys, d, scale, q + i0 * ld, ld, k, ld, 0.0f, s, keys, executor);
     for (std::size_t r = 0; r < rows; ++r) {
       float* row = s + r * keys;
       const std::size_t n = i0 + r + 1;  // keys 0..i
@@ -81,24 +81,25 @@ inline void causal_attention_forward(std::size_t T, std::size_t d, float scale, 
       std::fill(row + n, row + keys, 0.0f);
       lse[i0 + r] = m + std::log(sum);
     }
-    gemm(Trans::no, Trans::no, rows, d, keys, 1.0f, s, keys, v, ld, 0.0f, out + i0 * ldo, ldo);
+    gemm(Trans::no, Trans::no, rows, d, keys, 1.0f, s, keys, v, ld, 0.0f, out + i0 * ldo, ldo, executor);
   }
 }
 
 /// Backward of causal_attention_forward: dq = d(loss)/dq (written), dk and dv ADDED into (the
 /// caller zeroes them), all T rows of d floats at stride `ldg`. `out` and `lse` are forward's,
 /// `dout` the gradient of out (stride ldo). `scratch`: at least 2 * attention_scratch(T) floats.
-/// The probabilities are recomputed from q, k and lse.
+/// The probabilities are recomputed from q, k and lse. The GEMMs pack in the calling thread's
+/// workspace of `executor`.
 inline void causal_attention_backward(std::size_t T, std::size_t d, float scale, const float* q, const float* k,
                                       const float* v, std::size_t ld, const float* out, const float* dout,
                                       std::size_t ldo, const float* lse, float* dq, float* dk, float* dv,
-                                      std::size_t ldg, float* scratch) {
+                                      std::size_t ldg, float* scratch, backend::Executor* executor = nullptr) {
   float* p = scratch;
   float* dp = scratch + attention_scratch(T);
   for (std::size_t i0 = 0; i0 < T; i0 += attention_block) {
     const std::size_t i1 = std::min(T, i0 + attention_block), rows = i1 - i0, keys = i1;
-    gemm(Trans::no, Trans::yes, rows, keys, d, scale, q + i0 * ld, ld, k, ld, 0.0f, p, keys);
-    gemm(Trans::no, Trans::yes, rows, keys, d, 1.0f, dout + i0 * ldo, ldo, v, ld, 0.0f, dp, keys);
+    gemm(Trans::no, Trans::yes, rows, keys, d, scale, q + i0 * ld, ld, k, ld, 0.0f, p, keys, executor);
+    gemm(Trans::no, Trans::yes, rows, keys, d, 1.0f, dout + i0 * ldo, ldo, v, ld, 0.0f, dp, keys, executor);
     for (std::size_t r = 0; r < rows; ++r) {
       const std::size_t i = i0 + r, n = i + 1;
       float* prow = p + r * keys;
@@ -112,9 +113,9 @@ inline void causal_attention_backward(std::size_t T, std::size_t d, float scale,
       std::fill(dprow + n, dprow + keys, 0.0f);
     }
     // dv[0:i1] += P^T dout_blk; dq_blk = dS k[0:i1]; dk[0:i1] += dS^T q_blk
-    gemm(Trans::yes, Trans::no, keys, d, rows, 1.0f, p, keys, dout + i0 * ldo, ldo, 1.0f, dv, ldg);
-    gemm(Trans::no, Trans::no, rows, d, keys, 1.0f, dp, keys, k, ld, 0.0f, dq + i0 * ldg, ldg);
-    gemm(Trans::yes, Trans::no, keys, d, rows, 1.0f, dp, keys, q + i0 * ld, ld, 1.0f, dk, ldg);
+    gemm(Trans::yes, Trans::no, keys, d, rows, 1.0f, p, keys, dout + i0 * ldo, ldo, 1.0f, dv, ldg, executor);
+    gemm(Trans::no, Trans::no, rows, d, keys, 1.0f, dp, keys, k, ld, 0.0f, dq + i0 * ldg, ldg, executor);
+    gemm(Trans::yes, Trans::no, keys, d, rows, 1.0f, dp, keys, q + i0 * ld, ld, 1.0f, dk, ldg, executor);
   }
 }
 

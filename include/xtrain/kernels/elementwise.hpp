@@ -299,6 +299,74 @@ void column_sums(const float* x, std::size_t rows, std::size_t cols, float* out,
   }
 }
 
+// BatchNorm over [rows, cols] (one feature per column), columns [0, cols) of rows at stride ld.
+// Each column is summed over the rows in order in double: the same value whatever the split of
+// the columns. Plain loops over restrict-qualified rows, which the compiler vectorises.
+
+/// sum[j] += x[r, j] over the rows, in double.
+inline void column_sums_f64(const float* x, std::size_t rows, std::size_t ld, std::size_t cols,
+                            double* __restrict sum) noexcept {
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* __restrict xr = x + r * ld;
+    for (std::size_t j = 0; j < cols; ++j) sum[j] += static_cast<double>(xr[j]);
+  }
+}
+
+/// out[j] += (x[r, j] - mean[j])^2 over the rows, in double.
+inline void column_sq_dev_f64(const float* x, std::size_t rows, std::size_t ld, std::size_t cols,
+                              const float* __restrict mean, double* __restrict out) noexcept {
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* __restrict xr = x + r * ld;
+    for (std::size_t j = 0; j < cols; ++j) {
+      const double d = static_cast<double>(xr[j]) - static_cast<double>(mean[j]);
+      out[j] += d * d;
+    }
+  }
+}
+
+/// xhat[r, j] = (x[r, j] - mean[j]) * invstd[j]; y[r, j] = gamma[j] * xhat[r, j] + beta[j].
+inline void normalize_columns(const float* x, std::size_t rows, std::size_t ld, std::size_t cols,
+                              const float* __restrict mean, const float* __restrict invstd,
+                              const float* __restrict gamma, const float* __restrict beta, float* xhat,
+                              float* y) noexcept {
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* __restrict xr = x + r * ld;
+    float* __restrict hr = xhat + r * ld;
+    float* __restrict yr = y + r * ld;
+    for (std::size_t j = 0; j < cols; ++j) {
+      const float v = (xr[j] - mean[j]) * invstd[j];
+      hr[j] = v;
+      yr[j] = gamma[j] * v + beta[j];
+    }
+  }
+}
+
+/// sum_dy[j] += dy[r, j]; sum_dy_xhat[j] += dy[r, j] * xhat[r, j], over the rows, in double.
+inline void column_sum_dot_f64(const float* dy, const float* xhat, std::size_t rows, std::size_t ld, std::size_t cols,
+                               double* __restrict sum_dy, double* __restrict sum_dy_xhat) noexcept {
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* __restrict dr = dy + r * ld;
+    const float* __restrict hr = xhat + r * ld;
+    for (std::size_t j = 0; j < cols; ++j) {
+      sum_dy[j] += static_cast<double>(dr[j]);
+      sum_dy_xhat[j] += static_cast<double>(dr[j]) * static_cast<double>(hr[j]);
+    }
+  }
+}
+
+/// dx[r, j] = scale[j] * (dy[r, j] - mean_dy[j] - xhat[r, j] * mean_dy_xhat[j]) (BatchNorm's input
+/// gradient in training; scale = gamma * invstd).
+inline void batch_norm_dx_columns(const float* dy, const float* xhat, std::size_t rows, std::size_t ld,
+                                  std::size_t cols, const float* __restrict scale, const float* __restrict mean_dy,
+                                  const float* __restrict mean_dy_xhat, float* dx) noexcept {
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* __restrict dr = dy + r * ld;
+    const float* __restrict hr = xhat + r * ld;
+    float* __restrict out = dx + r * ld;
+    for (std::size_t j = 0; j < cols; ++j) out[j] = scale[j] * (dr[j] - mean_dy[j] - hr[j] * mean_dy_xhat[j]);
+  }
+}
+
 /// Each row of y[rows, cols] = v (broadcast a row vector, e.g. a bias before a GEMM with beta = 1).
 inline void broadcast_rows(const float* v, std::size_t rows, std::size_t cols, float* y) noexcept {
   for (std::size_t r = 0; r < rows; ++r) std::copy(v, v + cols, y + r * cols);

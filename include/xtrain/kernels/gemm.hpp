@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <type_traits>
-#include <vector>
 
 #include "xtrain/backend/executor.hpp"
 #include "xtrain/kernels/convert.hpp"
@@ -32,13 +31,6 @@ struct GemmShape {
   static constexpr std::size_t mc = mr * 16;  ///< rows of a packed A block (fits L2)
   static constexpr std::size_t nc = 2048;     ///< columns of a packed B block
 };
-
-/// Scratch for packed panels, reused across calls on the same thread (no allocation per call
-/// once warm).
-inline std::vector<float, xsimd::aligned_allocator<float, 64>>& pack_buffer(int which) {
-  thread_local std::vector<float, xsimd::aligned_allocator<float, 64>> buffers[2];
-  return buffers[which];
-}
 
 /// n elements of S as fp32 values rounded to the compute type T: copied (S = T = float),
 /// widened (S = T), or rounded through T (S = float, T = bf16/fp16).
@@ -85,10 +77,12 @@ inline void transpose8x8(const float* src, std::size_t ld_src, float* dst, std::
 /// [k0, k0 + kc), into panels of W lines: panel p holds kc groups of W floats, zero-padded past
 /// the last line. Element (k, c) is X[k * ld + c] when `contiguous` (a depth step is a row of X),
 /// else X[c * ld + k]. Values are rounded to the compute type T (float: copied as they are).
+/// Requires kc <= 256 (GemmShape::kc).
 template <std::size_t W, class T = float, class S>
 void pack_panels(bool contiguous, const S* X, std::size_t ld, std::size_t c0, std::size_t count, std::size_t k0,
                  std::size_t kc, float* dst) {
-  thread_local std::vector<float, xsimd::aligned_allocator<float, 64>> row;  // a converted line
+  constexpr std::size_t max_kc = 256;
+  alignas(64) float row[max_kc];  // a converted line (16-bit sources)
   for (std::size_t cp = 0; cp < count; cp += W) {
     const std::size_t width = std::min(W, count - cp);
     float* panel = dst + cp * kc;
@@ -122,9 +116,8 @@ void pack_panels(bool contiguous, const S* X, std::size_t ld, std::size_t c0, st
       if constexpr (std::is_same_v<S, float> && std::is_same_v<T, float>) {
         src = line;
       } else {
-        if (row.size() < kc) row.resize(kc);
-        load_rounded<T>(line, kc, row.data());
-        src = row.data();
+        load_rounded<T>(line, std::min(kc, max_kc), row);
+        src = row;
       }
       for (std::size_t k = 0; k < kc; ++k) panel[k * W + c] = src[k];
     }
@@ -208,38 +201,37 @@ inline void micro_kernel(std::size_t kc, const float* __restrict a, std::size_t 
 
 /// The BLIS loop nest: blocks of op(B) packed by `pack_b(k0, kc, j0, nc, dst)`, blocks of op(A)
 /// packed by `pack_a(i0, mc, k0, kc, dst)` or, when `a_rows` is not null, read in place (row i
-/// at a_rows + i * lda). Shared by the fp32 GEMM and the widening low-precision one.
+/// at a_rows + i * lda). Shared by the fp32 GEMM and the widening low-precision one. The packed
+/// blocks live in `ws` (the calling thread's workspace).
 template <class Arch, class PackB, class PackA>
-void gemm_blocked(std::size_t M, std::size_t N, std::size_t K, float alpha, const float* a_rows, std::size_t lda,
-                  float beta, float* C, std::size_t ldc, PackB&& pack_b, PackA&& pack_a) {
+void gemm_blocked(backend::Workspace& ws, std::size_t M, std::size_t N, std::size_t K, float alpha, const float* a_rows,
+                  std::size_t lda, float beta, float* C, std::size_t ldc, PackB&& pack_b, PackA&& pack_a) {
   using shape = GemmShape<Arch>;
-  auto& bbuf = pack_buffer(0);
-  auto& abuf = pack_buffer(1);
+  static_assert(shape::kc <= 256, "pack_panels converts lines of at most 256 values");
   const std::size_t nc_max = std::min(shape::nc, (N + shape::nr - 1) / shape::nr * shape::nr);
   const std::size_t mc_max = std::min(shape::mc, (M + shape::mr - 1) / shape::mr * shape::mr);
   const std::size_t kc_max = std::min(shape::kc, K);
-  if (bbuf.size() < nc_max * kc_max) bbuf.resize(nc_max * kc_max);
-  if (abuf.size() < mc_max * kc_max) abuf.resize(mc_max * kc_max);
+  float* const bbuf = ws.get<float>(backend::Workspace::Slot::pack_b, nc_max * kc_max);
+  float* const abuf = a_rows ? nullptr : ws.get<float>(backend::Workspace::Slot::pack_a, mc_max * kc_max);
 
   for (std::size_t j0 = 0; j0 < N; j0 += shape::nc) {
     const std::size_t nc = std::min(shape::nc, N - j0);
     for (std::size_t k0 = 0; k0 < K; k0 += shape::kc) {
       const std::size_t kc = std::min(shape::kc, K - k0);
       const float beta_block = k0 == 0 ? beta : 1.0f;
-      pack_b(k0, kc, j0, nc, bbuf.data());
+      pack_b(k0, kc, j0, nc, bbuf);
       for (std::size_t i0 = 0; i0 < M; i0 += shape::mc) {
         const std::size_t mc = std::min(shape::mc, M - i0);
-        if (!a_rows) pack_a(i0, mc, k0, kc, abuf.data());
+        if (!a_rows) pack_a(i0, mc, k0, kc, abuf);
         for (std::size_t jr = 0; jr < nc; jr += shape::nr)
           for (std::size_t ir = 0; ir < mc; ir += shape::mr) {
             float* c = C + (i0 + ir) * ldc + j0 + jr;
             const std::size_t rows = std::min(shape::mr, mc - ir), cols = std::min(shape::nr, nc - jr);
             if (!a_rows)
-              micro_kernel<Arch, true>(kc, abuf.data() + ir * kc, 0, bbuf.data() + jr * kc, alpha, beta_block, c, ldc,
-                                       rows, cols);
+              micro_kernel<Arch, true>(kc, abuf + ir * kc, 0, bbuf + jr * kc, alpha, beta_block, c, ldc, rows, cols);
             else
-              micro_kernel<Arch, false>(kc, a_rows + (i0 + ir) * lda + k0, lda, bbuf.data() + jr * kc, alpha,
-                                        beta_block, c, ldc, rows, cols);
+              micro_kernel<Arch, false>(kc, a_rows + (i0 + ir) * lda + k0, lda, bbuf + jr * kc, alpha, beta_block, c,
+                                        ldc, rows, cols);
           }
       }
     }
@@ -282,7 +274,8 @@ void split_gemm(backend::Executor* e, std::size_t M, std::size_t N, std::size_t 
 /// C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C (row-major; op(X) = X or X^T).
 /// Requires: lda/ldb/ldc are the row strides of A, B, C as stored. beta == 0 ignores C's contents
 /// (NaN in C does not propagate), as BLAS does. With an executor of several threads, a large
-/// product is split over them (detail::split_gemm), with bitwise the same result.
+/// product is split over them (detail::split_gemm), with bitwise the same result. The packed
+/// panels live in the executor's workspaces (without an executor: allocated for the call).
 template <class Arch = simd::default_arch>
 void gemm(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const float* A, std::size_t lda,
           const float* B, std::size_t ldb, float beta, float* C, std::size_t ldc,
@@ -308,11 +301,13 @@ void gemm(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float
       const std::size_t n_full = n / shape::nr * shape::nr;
       for (std::size_t j = 0; j < n_full; j += shape::nr)
         detail::micro_kernel<Arch, false, false>(K, a, lda, b + j, alpha, beta, c + j, ldc, m, shape::nr, ldb);
-      if (n_full < n) gemm<Arch>(ta, tb, m, n - n_full, K, alpha, a, lda, b + n_full, ldb, beta, c + n_full, ldc);
+      if (n_full < n)
+        gemm<Arch>(ta, tb, m, n - n_full, K, alpha, a, lda, b + n_full, ldb, beta, c + n_full, ldc, executor);
       return;
     }
+    const backend::WorkspaceFor ws(executor);  // this thread's
     detail::gemm_blocked<Arch>(
-        m, n, K, alpha, ta == Trans::no ? a : nullptr, lda, beta, c, ldc,
+        *ws, m, n, K, alpha, ta == Trans::no ? a : nullptr, lda, beta, c, ldc,
         [&](std::size_t k0, std::size_t kc, std::size_t j0, std::size_t nc, float* dst) {
           detail::pack_b<Arch>(tb, b, ldb, k0, kc, j0, nc, dst);
         },

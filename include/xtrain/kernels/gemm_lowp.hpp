@@ -20,7 +20,6 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
-#include <vector>
 
 #include "xtrain/core/precision.hpp"
 #include "xtrain/kernels/convert.hpp"
@@ -58,10 +57,10 @@ namespace detail {
 
 /// The widening implementation: packs fp32 panels and runs the fp32 micro-kernel.
 template <class Arch, class T, class TA, class TB>
-void gemm_widen(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* A,
-                std::size_t lda, const TB* B, std::size_t ldb, float beta, float* C, std::size_t ldc) {
+void gemm_widen(backend::Workspace& ws, Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float alpha,
+                const TA* A, std::size_t lda, const TB* B, std::size_t ldb, float beta, float* C, std::size_t ldc) {
   gemm_blocked<Arch>(
-      M, N, K, alpha, nullptr, 0, beta, C, ldc,
+      ws, M, N, K, alpha, nullptr, 0, beta, C, ldc,
       [&](std::size_t k0, std::size_t kc, std::size_t j0, std::size_t nc, float* dst) {
         pack_b<Arch, T>(tb, B, ldb, k0, kc, j0, nc, dst);
       },
@@ -82,11 +81,6 @@ constexpr std::size_t mc = 128;   ///< rows of a packed A block
 constexpr std::size_t nc = 1024;  ///< columns of a packed B block
 
 using word_unaligned = std::uint32_t __attribute__((aligned(2), may_alias));
-
-inline std::vector<std::uint32_t, xsimd::aligned_allocator<std::uint32_t, 64>>& word_buffer(int which) {
-  thread_local std::vector<std::uint32_t, xsimd::aligned_allocator<std::uint32_t, 64>> buffers[2];
-  return buffers[which];
-}
 
 /// Up to 16 consecutive elements as 16 bf16 (zero past n).
 inline __m256i load16(const float* p, std::size_t n) noexcept {
@@ -241,33 +235,35 @@ inline void micro_kernel(std::size_t kp, const std::uint32_t* __restrict a, cons
     }
 }
 
+/// The packed blocks live in `ws` (the calling thread's workspace).
 template <class TA, class TB>
-void gemm(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* A, std::size_t lda,
-          const TB* B, std::size_t ldb, float beta, float* C, std::size_t ldc) {
-  auto& bbuf = word_buffer(0);
-  auto& abuf = word_buffer(1);
+void gemm(backend::Workspace& ws, Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float alpha,
+          const TA* A, std::size_t lda, const TB* B, std::size_t ldb, float beta, float* C, std::size_t ldc) {
   const std::size_t kp_max = (std::min(kc, K) + 1) / 2;
   const std::size_t nc_max = std::min(nc, (N + nr - 1) / nr * nr), mc_max = std::min(mc, (M + mr - 1) / mr * mr);
-  if (bbuf.size() < nc_max * kp_max) bbuf.resize(nc_max * kp_max);
-  if (abuf.size() < mc_max * kp_max) abuf.resize(mc_max * kp_max);
+  std::uint32_t* const bbuf = ws.get<std::uint32_t>(backend::Workspace::Slot::words_b, nc_max * kp_max);
+  // bf16 rows of A (K even: every block's depth is even) are read in place: no A panel.
+  const bool a_in_place = std::is_same_v<TA, bf16> && ta == Trans::no && K % 2 == 0;
+  std::uint32_t* const abuf =
+      a_in_place ? nullptr : ws.get<std::uint32_t>(backend::Workspace::Slot::words_a, mc_max * kp_max);
   for (std::size_t j0 = 0; j0 < N; j0 += nc) {
     const std::size_t ncur = std::min(nc, N - j0);
     for (std::size_t k0 = 0; k0 < K; k0 += kc) {
       const std::size_t kcur = std::min(kc, K - k0), kp = (kcur + 1) / 2;
       const float beta_block = k0 == 0 ? beta : 1.0f;
       if (tb == Trans::no)
-        pack_across(B, ldb, k0, kcur, j0, ncur, nr, bbuf.data());
+        pack_across(B, ldb, k0, kcur, j0, ncur, nr, bbuf);
       else
-        pack_along(B, ldb, k0, kcur, j0, ncur, nr, bbuf.data());
+        pack_along(B, ldb, k0, kcur, j0, ncur, nr, bbuf);
       // bf16 rows of A already hold the words the kernel broadcasts: no packing.
       const bool in_place = std::is_same_v<TA, bf16> && ta == Trans::no && kcur % 2 == 0;
       for (std::size_t i0 = 0; i0 < M; i0 += mc) {
         const std::size_t mcur = std::min(mc, M - i0);
         if (!in_place) {
           if (ta == Trans::yes)
-            pack_across(A, lda, k0, kcur, i0, mcur, mr, abuf.data());
+            pack_across(A, lda, k0, kcur, i0, mcur, mr, abuf);
           else
-            pack_along(A, lda, k0, kcur, i0, mcur, mr, abuf.data());
+            pack_along(A, lda, k0, kcur, i0, mcur, mr, abuf);
         }
         for (std::size_t jr = 0; jr < ncur; jr += nr)
           for (std::size_t ir = 0; ir < mcur; ir += mr) {
@@ -277,10 +273,9 @@ void gemm(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float
               const word_unaligned* arow[mr];
               for (std::size_t r = 0; r < mr; ++r)
                 arow[r] = reinterpret_cast<const word_unaligned*>(A + (i0 + ir + std::min(r, rows - 1)) * lda + k0);
-              micro_kernel<false>(kp, nullptr, arow, bbuf.data() + jr * kp, alpha, beta_block, c, ldc, rows, cols);
+              micro_kernel<false>(kp, nullptr, arow, bbuf + jr * kp, alpha, beta_block, c, ldc, rows, cols);
             } else {
-              micro_kernel<true>(kp, abuf.data() + ir * kp, nullptr, bbuf.data() + jr * kp, alpha, beta_block, c, ldc,
-                                 rows, cols);
+              micro_kernel<true>(kp, abuf + ir * kp, nullptr, bbuf + jr * kp, alpha, beta_block, c, ldc, rows, cols);
             }
           }
       }
@@ -322,13 +317,14 @@ void gemm_lowp(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, 
     const TA* a = ta == Trans::no ? A + m0 * lda : A + m0;
     const TB* b = tb == Trans::no ? B + n0 : B + n0 * ldb;
     float* c = C + m0 * ldc + n0;
+    const backend::WorkspaceFor ws(executor);  // this thread's
 #if XTRAIN_HAS_AVX512_BF16
     if constexpr (dot_path) {
-      detail::dot::gemm(ta, tb, m1 - m0, n1 - n0, K, alpha, a, lda, b, ldb, beta, c, ldc);
+      detail::dot::gemm(*ws, ta, tb, m1 - m0, n1 - n0, K, alpha, a, lda, b, ldb, beta, c, ldc);
       return;
     }
 #endif
-    detail::gemm_widen<Arch, T>(ta, tb, m1 - m0, n1 - n0, K, alpha, a, lda, b, ldb, beta, c, ldc);
+    detail::gemm_widen<Arch, T>(*ws, ta, tb, m1 - m0, n1 - n0, K, alpha, a, lda, b, ldb, beta, c, ldc);
   });
 }
 

@@ -59,7 +59,7 @@ class CausalSelfAttention {
       const float* base = q + b * positions_ * ld + h * d;
       kernels::causal_attention_forward(positions_, d, scale(), base, base + embd_, base + 2 * embd_, ld,
                                         out + b * positions_ * embd_ + h * d, embd_,
-                                        lse_.data() + (b * heads_ + h) * positions_, work);
+                                        lse_.data() + (b * heads_ + h) * positions_, work, ctx.executor);
     });
     if constexpr (!std::is_same_v<T, float>) kernels::from_float(out32_.data(), att.data(), n * embd_, ctx.executor);
     qkv_out_ = &qkv;
@@ -109,7 +109,7 @@ class CausalSelfAttention {
       kernels::causal_attention_backward(positions_, d, scale(), base, base + embd_, base + 2 * embd_, ld,
                                          out + row0 * embd_ + h * d, dout + row0 * embd_ + h * d, embd_,
                                          lse_.data() + (b * heads_ + h) * positions_, gbase, gbase + embd_,
-                                         gbase + 2 * embd_, ld, work);
+                                         gbase + 2 * embd_, ld, work, ctx.executor);
     });
     if constexpr (!std::is_same_v<T, float>) kernels::from_float(dqkv32_.data(), dqkv.data(), n * ld, ctx.executor);
     ctx.input_grad = want_input_grad;

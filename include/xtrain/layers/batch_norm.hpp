@@ -42,7 +42,8 @@ class BatchNorm {
         mean_(features),
         invstd_(features),
         mean_dy_(features),
-        mean_dy_xhat_(features) {
+        mean_dy_xhat_(features),
+        scale_(features) {
     XTRAIN_CHECK(features > 0, ValueError, name(), "(", features, "): the feature count must be positive");
     for (float& w : weight_.values()) w = 1.0f;
   }
@@ -109,12 +110,14 @@ class BatchNorm {
   std::string describe() const { return (sync_ ? "SyncBatchNorm" : name()) + ("(" + std::to_string(features_) + ")"); }
 
  private:
-  // bf16/fp16: widens `in` into a per-thread workspace, runs f(in32, out32) with a second one as
-  // the fp32 output, and rounds that into this layer's output of type T (per thread, not per
-  // layer: only x-hat and the 16-bit result stay with the layer).
+  // bf16/fp16: widens `in` into a tensor of the thread's workspace, runs f(in32, out32) with a
+  // second one as the fp32 output, and rounds that into this layer's output of type T (per
+  // thread, not per layer: only x-hat and the 16-bit result stay with the layer).
   template <class T, class F>
   const Tensor<T>& through_f32(Context& ctx, const Tensor<T>& in, F&& f) {
-    thread_local Matrix in32, out32;
+    const backend::WorkspaceFor ws(ctx.executor);
+    Matrix& in32 = ws->tensor(0);
+    Matrix& out32 = ws->tensor(1);
     in32.resize(in.shape());
     kernels::to_float(in.data(), in32.data(), in.size(), ctx.executor);
     const Matrix& r = f(in32, out32);
@@ -156,13 +159,12 @@ class BatchNorm {
     if (ctx.training) {
       // Statistics over this rank's rows, or over all ranks' rows (SyncBatchNorm).
       Collectives* sync = sync_ ? ctx.collectives : nullptr;
-      std::vector<double>& sum = scratch_;  // [sum x (c)] [count] [sum (x - mean)^2 (c)]
+      auto& sum = scratch_;  // [sum x (c)] [count] [sum (x - mean)^2 (c)]
       sum.assign(2 * c + 1, 0.0);
       const float* px = x.data();
       for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
         if (sp == 1) {
-          for (std::size_t r = 0; r < n; ++r)
-            for (std::size_t j = j0; j < j1; ++j) sum[j] += px[r * c + j];
+          kernels::column_sums_f64(px + j0, n, c, j1 - j0, sum.data() + j0);
         } else {
           for (std::size_t r = 0; r < n; ++r)
             for (std::size_t j = j0; j < j1; ++j) sum[j] += kernels::plane_sum(px + (r * c + j) * sp, sp);
@@ -178,11 +180,7 @@ class BatchNorm {
       double* ssd = sum.data() + c + 1;
       for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
         if (sp == 1) {
-          for (std::size_t r = 0; r < n; ++r)
-            for (std::size_t j = j0; j < j1; ++j) {
-              const double d = static_cast<double>(px[r * c + j]) - mean_[j];
-              ssd[j] += d * d;
-            }
+          kernels::column_sq_dev_f64(px + j0, n, c, j1 - j0, mean_.data() + j0, ssd + j0);
         } else {
           for (std::size_t r = 0; r < n; ++r)
             for (std::size_t j = j0; j < j1; ++j) ssd[j] += kernels::plane_sq_dev(px + (r * c + j) * sp, sp, mean_[j]);
@@ -210,12 +208,8 @@ class BatchNorm {
     float* py = y.data();
     for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
       if (sp == 1) {
-        for (std::size_t r = 0; r < n; ++r)
-          for (std::size_t j = j0; j < j1; ++j) {
-            const float v = (px[r * c + j] - mean_[j]) * invstd_[j];
-            xh[r * c + j] = v;
-            py[r * c + j] = g[j] * v + b[j];
-          }
+        kernels::normalize_columns(px + j0, n, c, j1 - j0, mean_.data() + j0, invstd_.data() + j0, g + j0, b + j0,
+                                   xh + j0, py + j0);
       } else {
         for (std::size_t r = 0; r < n; ++r)
           for (std::size_t j = j0; j < j1; ++j) {
@@ -236,17 +230,13 @@ class BatchNorm {
     const std::size_t n = xhat_.shape(0), c = features_, sp = spatial_size(xhat_.shape());
     XTRAIN_CHECK(dy.shape() == xhat_.shape(), ShapeError, describe(), ": gradient has shape ", dy.shape().str(),
                  ", expected ", xhat_.shape().str());
-    std::vector<double>& sum = scratch_;
+    auto& sum = scratch_;
     sum.assign(2 * c, 0.0);  // [sum dy, sum dy * xhat]
     const float* pd = dy.data();
     const float* xh = xhat_.data();
     for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
       if (sp == 1) {
-        for (std::size_t r = 0; r < n; ++r)
-          for (std::size_t j = j0; j < j1; ++j) {
-            sum[j] += pd[r * c + j];
-            sum[c + j] += static_cast<double>(pd[r * c + j]) * xh[r * c + j];
-          }
+        kernels::column_sum_dot_f64(pd + j0, xh + j0, n, c, j1 - j0, sum.data() + j0, sum.data() + c + j0);
       } else {
         for (std::size_t r = 0; r < n; ++r)
           for (std::size_t j = j0; j < j1; ++j) {
@@ -276,12 +266,12 @@ class BatchNorm {
       for (std::size_t j = 0; j < c; ++j) {
         mean_dy_[j] = static_cast<float>(sum[j] / count_);
         mean_dy_xhat_[j] = static_cast<float>(sum[c + j] / count_);
+        scale_[j] = g[j] * invstd_[j];
       }
       for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
         if (sp == 1) {
-          for (std::size_t r = 0; r < n; ++r)
-            for (std::size_t j = j0; j < j1; ++j)
-              pdx[r * c + j] = g[j] * invstd_[j] * (pd[r * c + j] - mean_dy_[j] - xh[r * c + j] * mean_dy_xhat_[j]);
+          kernels::batch_norm_dx_columns(pd + j0, xh + j0, n, c, j1 - j0, scale_.data() + j0, mean_dy_.data() + j0,
+                                         mean_dy_xhat_.data() + j0, pdx + j0);
         } else {
           for (std::size_t r = 0; r < n; ++r)
             for (std::size_t j = j0; j < j1; ++j) {
@@ -306,8 +296,8 @@ class BatchNorm {
   Param weight_, bias_;
   Tensor<float> running_mean_, running_var_;
   std::int64_t num_batches_tracked_ = 0;
-  std::vector<float> mean_, invstd_, mean_dy_, mean_dy_xhat_;
-  std::vector<double> scratch_;
+  std::vector<float> mean_, invstd_, mean_dy_, mean_dy_xhat_, scale_;  // per feature
+  std::vector<double, memory::Allocator<double>> scratch_;             // the sums of a pass (the backend's memory)
   bool training_ = true, sync_ = false, synced_ = false;
   double count_ = 0.0;     // rows the last training statistics came from
   Matrix xhat_, y_, dx_;   // fp32: x-hat (kept for backward), output, input gradient

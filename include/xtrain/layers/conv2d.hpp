@@ -21,7 +21,7 @@
 
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/error.hpp"
-#include "xtrain/core/memory_counter.hpp"
+#include "xtrain/core/memory.hpp"
 #include "xtrain/core/module.hpp"
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/rng.hpp"
@@ -69,7 +69,7 @@ class Conv2d {
   /// y[N, out, OH, OW] from x[N, in, H, W]. Keeps a pointer to x for backward (x must stay alive
   /// and unchanged until then, as Sequential guarantees).
   template <ActivationType T>
-  const Tensor<T>& forward(Context&, const Tensor<T>& x) {
+  const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
     XTRAIN_CHECK(x.dimension() == 4 && x.shape(1) == in_, ShapeError, describe(), ": input has shape ", x.shape().str(),
                  ", expected [batch, ", in_, ", height, width]");
     kernels::Window geometry = window_;  // kept as it was (for a pending backward) unless valid
@@ -92,13 +92,14 @@ class Conv2d {
           for (std::size_t o = 0; o < og; ++o)
             std::fill(yg + o * plane, yg + (o + 1) * plane, bias ? bias[g * og + o] : 0.0f);
           kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::no, og, plane, kg, wg, kg, cols, ld,
-                              bias ? 1.0f : 0.0f, yg, plane);
+                              bias ? 1.0f : 0.0f, yg, plane, ctx.executor);
           continue;
         }
         // Several images side by side: y_g[og, m * plane], then each image's planes to its place.
         Buffer<float>& out = buffer<float>(1);
         out.resize(og * ld);
-        kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::no, og, ld, kg, wg, kg, cols, ld, 0.0f, out.data(), ld);
+        kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::no, og, ld, kg, wg, kg, cols, ld, 0.0f, out.data(), ld,
+                            ctx.executor);
         for (std::size_t j = 0; j < m; ++j)
           for (std::size_t o = 0; o < og; ++o) {
             const float* src = out.data() + o * ld + j * plane;
@@ -108,7 +109,7 @@ class Conv2d {
           }
       }
     });
-    if constexpr (!std::is_same_v<T, float>) kernels::from_float(acc, y.data(), y.size());
+    if constexpr (!std::is_same_v<T, float>) kernels::from_float(acc, y.data(), y.size(), ctx.executor);
     x_ = &x;
     x_type_ = activation_type_index<T>;
     return y;
@@ -153,18 +154,18 @@ class Conv2d {
         }
         const float* wg = weight_.data() + g * og * kg;
         kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::yes, og, kg, ld, dyg, ld, cols, ld, 1.0f,
-                            weight_.grad() + g * og * kg, kg);
+                            weight_.grad() + g * og * kg, kg, ctx.executor);
         if (!input_grad) continue;
         dcol_.resize(kg * ld);
         kernels::gemm_as<T>(kernels::Trans::yes, kernels::Trans::no, kg, ld, og, wg, kg, dyg, ld, 0.0f, dcol_.data(),
-                            ld);
+                            ld, ctx.executor);
         for (std::size_t j = 0; j < m; ++j)
           kernels::col2im(dcol_.data() + j * plane, cg, window_,
                           dx_acc + ((s0 + j) * in_ + g * cg) * window_.in_plane(), ld);
       }
     });
     if constexpr (!std::is_same_v<T, float>)
-      if (input_grad) kernels::from_float(dx_acc, dx.data(), dx.size());
+      if (input_grad) kernels::from_float(dx_acc, dx.data(), dx.size(), ctx.executor);
     return dx;
   }
 
@@ -226,7 +227,7 @@ class Conv2d {
   }
 
   template <class T>
-  using Buffer = std::vector<T, memory::CountingAllocator<T>>;  // counted: memory::counters()
+  using Buffer = std::vector<T, memory::Allocator<T>>;  // counted: memory::counters()
 
   // Buffer 0: the column matrix; 1: the chunk's output (fp32) or output gradient (type T).
   template <class T>

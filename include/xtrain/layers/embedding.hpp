@@ -45,10 +45,8 @@ class Embedding {
     for (std::size_t i = 0; i < n; ++i)
       XTRAIN_CHECK(ids.data()[i] >= 0 && static_cast<std::size_t>(ids.data()[i]) < num_, ValueError, describe(),
                    ": id ", ids.data()[i], " at position ", i, " is outside [0, ", num_, ")");
-    std::vector<std::size_t> shape = ids.shape().to_vector();
-    shape.push_back(dim_);
     Tensor<T>& y = y_.get<T>();
-    y.resize(Shape(shape));
+    y.resize(ids.shape().appended(dim_));
     const float* w = weight_.data();
     for (std::size_t i = 0; i < n; ++i)
       kernels::from_float(w + static_cast<std::size_t>(ids.data()[i]) * dim_, y.data() + i * dim_, dim_);

@@ -38,7 +38,7 @@ class LayerNorm {
   /// Keeps a pointer to x for backward.
   template <ActivationType T>
   const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
-    check_last_dim(x, dim_, describe());
+    check_last_dim(x, dim_, *this);
     const std::size_t rows = x.rows(), n = rows * dim_;
     Tensor<T>& y = y_.get<T>();
     y.resize(x.shape());

@@ -8,7 +8,6 @@
 #include <cstddef>
 #include <string>
 #include <type_traits>
-#include <vector>
 
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/error.hpp"
@@ -48,11 +47,12 @@ class Linear {
   /// (kernels/gemm_lowp.hpp); y is rounded to the activation type.
   template <ActivationType T>
   const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
-    check_last_dim(x, in_, describe());
+    check_last_dim(x, in_, *this);
     const std::size_t n = x.rows();
     Tensor<T>& y = y_.get<T>();
     y.resize(x.shape().with_back(out_));
-    float* acc = accumulator<T>(y, n * out_);
+    const backend::WorkspaceFor ws(ctx.executor);
+    float* acc = accumulator<T>(*ws, y, n * out_);
     float beta = 0.0f;
     if (has_bias()) {
       backend::parallel_for(ctx.executor, n, rows_per_part(out_), 1, [&](std::size_t r0, std::size_t r1) {
@@ -80,14 +80,15 @@ class Linear {
                  dy.shape().str(), ", expected ", x.shape().with_back(out_).str());
     kernels::gemm_as<T>(kernels::Trans::yes, kernels::Trans::no, out_, in_, n, dy.data(), out_, x.data(), in_, 1.0f,
                         weight_.grad(), in_, ctx.executor);
+    const backend::WorkspaceFor ws(ctx.executor);
     if (has_bias()) {
       const float* dy32 = nullptr;
       if constexpr (std::is_same_v<T, float>) {
         dy32 = dy.data();
       } else {
-        std::vector<float>& w = workspace(n * out_);
-        kernels::to_float(dy.data(), w.data(), n * out_, ctx.executor);
-        dy32 = w.data();
+        float* w = ws->get<float>(backend::Workspace::Slot::accumulate, n * out_);
+        kernels::to_float(dy.data(), w, n * out_, ctx.executor);
+        dy32 = w;
       }
       // Split over columns: each bias element sums its column in row order on one thread.
       backend::parallel_for(ctx.executor, out_, std::max<std::size_t>(64, (1u << 14) / std::max<std::size_t>(n, 1)),
@@ -101,7 +102,7 @@ class Linear {
       return dx;
     }
     dx.resize(x.shape());
-    float* acc = accumulator<T>(dx, n * in_);
+    float* acc = accumulator<T>(*ws, dx, n * in_);
     kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::no, n, in_, out_, dy.data(), out_, weight_.data(), in_,
                         0.0f, acc, in_, ctx.executor);
     if constexpr (!std::is_same_v<T, float>) kernels::from_float(acc, dx.data(), n * in_, ctx.executor);
@@ -124,24 +125,19 @@ class Linear {
   }
 
  private:
-  // fp32: the GEMM writes the output itself; bf16/fp16: it accumulates into an fp32 workspace
-  // first, shared by all layers of the thread (so the low-precision activations are the only
-  // per-layer copies).
+  // fp32: the GEMM writes the output itself; bf16/fp16: it accumulates into an fp32 buffer of
+  // the thread's workspace first, shared by all layers (so the low-precision activations are the
+  // only per-layer copies).
   template <class T>
-  static float* accumulator(Tensor<T>& out, std::size_t size) {
+  static float* accumulator(backend::Workspace& ws, Tensor<T>& out, std::size_t size) {
     if constexpr (std::is_same_v<T, float>)
       return out.data();
     else
-      return workspace(size).data();
+      return ws.get<float>(backend::Workspace::Slot::accumulate, size);
   }
   // Rows of `cols` floats per part of a split copy (about 16k floats).
   static std::size_t rows_per_part(std::size_t cols) {
     return std::max<std::size_t>(1, (1u << 14) / std::max<std::size_t>(cols, 1));
-  }
-  static std::vector<float>& workspace(std::size_t size) {
-    thread_local std::vector<float> w;
-    if (w.size() < size) w.resize(size);
-    return w;
   }
 
   std::size_t in_, out_;

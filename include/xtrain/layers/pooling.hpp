@@ -17,7 +17,7 @@
 
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/error.hpp"
-#include "xtrain/core/memory_counter.hpp"
+#include "xtrain/core/memory.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/conv.hpp"
 #include "xtrain/kernels/convert.hpp"
@@ -31,7 +31,7 @@ namespace detail {
 /// Runs a pooling kernel on fp32 data whatever the activation type: fp32 tensors are used as they
 /// are, bf16/fp16 ones are widened into `in32`, and the fp32 result in `out32` is rounded into `out`.
 struct Widened {
-  std::vector<float, memory::CountingAllocator<float>> in32, out32;
+  std::vector<float, memory::Allocator<float>> in32, out32;
 
   template <class T>
   const float* input(const Tensor<T>& x) {
@@ -59,30 +59,32 @@ struct Widened {
 };
 
 /// Checks x is [N, C, H, W] and sets the window's input plane; throws ShapeError naming `who`.
-template <class T>
-void check_image(const Tensor<T>& x, kernels::Window& window, const std::string& who) {
-  XTRAIN_CHECK(x.dimension() == 4, ShapeError, who, ": input has shape ", x.shape().str(),
+template <class T, class Who>
+void check_image(const Tensor<T>& x, kernels::Window& window, const Who& who) {
+  XTRAIN_CHECK(x.dimension() == 4, ShapeError, name_of(who), ": input has shape ", x.shape().str(),
                ", expected [batch, channels, height, width]");
   kernels::Window w = window;  // the layer keeps its last geometry unless this one is valid
-  XTRAIN_CHECK(w.set_input(x.shape(2), x.shape(3)), ShapeError, who, ": the window does not fit the padded input of ",
-               x.shape(2), " x ", x.shape(3));
+  XTRAIN_CHECK(w.set_input(x.shape(2), x.shape(3)), ShapeError, name_of(who),
+               ": the window does not fit the padded input of ", x.shape(2), " x ", x.shape(3));
   window = w;
 }
 
 /// Backward's common checks: forward ran, in the same type, and dy has the output's shape.
-template <class T>
-void check_backward(const void* x, int x_type, const Shape& dy, const Shape& expected, const std::string& who) {
-  XTRAIN_CHECK(x != nullptr, ValueError, who, ": backward called before forward");
-  XTRAIN_CHECK(x_type == activation_type_index<T>, ValueError, who, ": backward in ",
+template <class T, class Who>
+void check_backward(const void* x, int x_type, const Shape& dy, const Shape& expected, const Who& who) {
+  XTRAIN_CHECK(x != nullptr, ValueError, name_of(who), ": backward called before forward");
+  XTRAIN_CHECK(x_type == activation_type_index<T>, ValueError, name_of(who), ": backward in ",
                activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(x_type));
-  XTRAIN_CHECK(dy == expected, ShapeError, who, ": gradient has shape ", dy.str(), ", expected ", expected.str());
+  XTRAIN_CHECK(dy == expected, ShapeError, name_of(who), ": gradient has shape ", dy.str(), ", expected ",
+               expected.str());
 }
 
-inline void check_window(const kernels::Window& w, const std::string& who) {
+template <class Who>
+void check_window(const kernels::Window& w, const Who& who) {
   XTRAIN_CHECK(
       w.kernel.h > 0 && w.kernel.w > 0 && w.stride.h > 0 && w.stride.w > 0 && w.dilation.h > 0 && w.dilation.w > 0,
-      ValueError, who, ": kernel size, stride and dilation must be positive");
-  XTRAIN_CHECK(2 * w.padding.h <= w.kernel.h && 2 * w.padding.w <= w.kernel.w, ValueError, who,
+      ValueError, name_of(who), ": kernel size, stride and dilation must be positive");
+  XTRAIN_CHECK(2 * w.padding.h <= w.kernel.h && 2 * w.padding.w <= w.kernel.w, ValueError, name_of(who),
                ": padding should be at most half of the kernel size");
 }
 }  // namespace detail
@@ -95,12 +97,12 @@ class MaxPool2d {
     window_.stride = Size2{stride.h ? stride.h : kernel.h, stride.w ? stride.w : kernel.w};
     window_.padding = padding;
     window_.dilation = dilation;
-    detail::check_window(window_, describe());
+    detail::check_window(window_, *this);
   }
 
   template <ActivationType T>
   const Tensor<T>& forward(Context&, const Tensor<T>& x) {
-    detail::check_image(x, window_, describe());
+    detail::check_image(x, window_, *this);
     const std::size_t planes = x.shape(0) * x.shape(1), in = window_.in_plane(), out = window_.out_plane();
     Tensor<T>& y = y_.get<T>();
     y.resize({x.shape(0), x.shape(1), window_.oh, window_.ow});
@@ -170,7 +172,7 @@ class MaxPool2d {
   /// dx[argmax of each window] += dy.
   template <ActivationType T>
   const Tensor<T>& backward(Context&, const Tensor<T>& dy) {
-    detail::check_backward<T>(x_, x_type_, dy.shape(), argmax_.shape(), describe());
+    detail::check_backward<T>(x_, x_type_, dy.shape(), argmax_.shape(), *this);
     Tensor<T>& dx = dx_.get<T>();
     dx.resize(in_shape_);
     const float* pd = wide_.input(dy);
@@ -215,7 +217,7 @@ class AvgPool2d {
     window_.kernel = kernel;
     window_.stride = Size2{stride.h ? stride.h : kernel.h, stride.w ? stride.w : kernel.w};
     window_.padding = padding;
-    detail::check_window(window_, describe());
+    detail::check_window(window_, *this);
   }
   /// Whether zero padding counts in the divisor (PyTorch's default: true).
   AvgPool2d& count_include_pad(bool on) {
@@ -225,7 +227,7 @@ class AvgPool2d {
 
   template <ActivationType T>
   const Tensor<T>& forward(Context&, const Tensor<T>& x) {
-    detail::check_image(x, window_, describe());
+    detail::check_image(x, window_, *this);
     Tensor<T>& y = y_.get<T>();
     y.resize({x.shape(0), x.shape(1), window_.oh, window_.ow});
     const float* px = wide_.input(x);
@@ -244,7 +246,7 @@ class AvgPool2d {
   /// dx[window] += dy / divisor.
   template <ActivationType T>
   const Tensor<T>& backward(Context&, const Tensor<T>& dy) {
-    detail::check_backward<T>(x_, x_type_, dy.shape(), out_shape_, describe());
+    detail::check_backward<T>(x_, x_type_, dy.shape(), out_shape_, *this);
     Tensor<T>& dx = dx_.get<T>();
     dx.resize(in_shape_);
     const float* pd = wide_.input(dy);
@@ -329,7 +331,7 @@ class AdaptiveAvgPool2d {
 
   template <ActivationType T>
   const Tensor<T>& backward(Context&, const Tensor<T>& dy) {
-    detail::check_backward<T>(x_, x_type_, dy.shape(), Shape{in_shape_[0], in_shape_[1], out_.h, out_.w}, describe());
+    detail::check_backward<T>(x_, x_type_, dy.shape(), Shape{in_shape_[0], in_shape_[1], out_.h, out_.w}, *this);
     Tensor<T>& dx = dx_.get<T>();
     dx.resize(in_shape_);
     const float* pd = wide_.input(dy);

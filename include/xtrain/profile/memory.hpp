@@ -8,20 +8,19 @@
 ///
 /// How: parameters, gradients, optimizer state and communication buffers are counted from the
 /// model's parameters; activations and workspaces are measured by a dry run: one training step
-/// of a copy of the model on one process, in a fresh thread (so the per-thread workspaces are
-/// counted), with the profiler's memory accounting per module and the heap in use before and
-/// after. Above 256 samples the dry run takes two steps, at 128 and 256 samples, and extrapolates
-/// (activations grow linearly with the batch; the GEMM workspaces stop growing at 128 rows), so an
-/// estimate for a batch that would not fit does not need it.
+/// of a copy of the model on one process, with the profiler's memory accounting per module, and
+/// the backend's own count of what it holds (its memory resource's stats: the engine allocates
+/// every buffer of a training there, workspaces included). Above 256 samples the dry run takes
+/// two steps, at 128 and 256 samples, and extrapolates (activations grow linearly with the batch;
+/// the GEMM workspaces stop growing at 128 rows), so an estimate for a batch that would not fit
+/// does not need it.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <exception>
 #include <map>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -30,7 +29,7 @@
 #include <malloc.h>
 #endif
 
-#include "xtrain/core/memory_counter.hpp"
+#include "xtrain/core/memory.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/loss/cross_entropy.hpp"
 #include "xtrain/parallel/single_process.hpp"
@@ -109,7 +108,6 @@ struct MemoryEstimate {
   std::int64_t evaluation_bytes = 0;      ///< forward buffers growing to the evaluation batch
   std::int64_t workspace_bytes = 0;       ///< everything else the step allocates (GEMM panels, loss, casts)
   std::int64_t communication_bytes = 0;   ///< per rank: its share of the shared gradient segment, or buffers
-  bool heap_measured = true;              ///< false where the heap cannot be read: workspaces unknown
   /// Per module (state_dict name and kind): bytes allocated in forward and in backward.
   std::vector<std::pair<std::string, std::pair<std::int64_t, std::int64_t>>> modules;
 
@@ -149,7 +147,7 @@ Target dry_run_targets(const Shape& out) {
 
 // What one dry-run step at `batch` samples measures (bytes).
 struct DryRun {
-  std::int64_t heap = 0;  // the heap's growth over the construction and the training step
+  std::int64_t held = 0;  // what the backend holds after the construction and the training step
   std::int64_t parameters = 0, gradients = 0, optimizer = 0, data = 0, evaluation = 0;
   std::int64_t activations = 0, forward = 0;  // all modules; their forwards alone
   std::size_t parameter_count = 0;
@@ -162,7 +160,6 @@ DryRun dry_run(const Model& model, const Optimizer& optimizer, std::size_t batch
   DryRun r;
   profile::Profiler profiler({.profile_memory = true});  // before the first reading: its buffers are not the step's
   profiler.reserve(4096);
-  const std::int64_t heap0 = memory::heap_in_use();
   {
     typename Optimizer::State probe;  // the optimizer state's size, measured on its own
     Engine<Model, Optimizer, parallel::SingleProcess, Precision, Loss> engine(
@@ -179,17 +176,18 @@ DryRun dry_run(const Model& model, const Optimizer& optimizer, std::size_t batch
     engine.set_profiler(&profiler);
     std::vector<std::size_t> dims{batch};
     dims.insert(dims.end(), sample.begin(), sample.end());
+    // The batch, the loss and everything else of the step in the backend's memory, as in a Trainer.
     const std::int64_t data0 = memory::counters().live;
-    Tensor<float> x{Shape(dims)};
+    Tensor<float> x = engine.in_backend_memory([&] { return Tensor<float>{Shape(dims)}; });
     r.data = memory::counters().live - data0;
     const Tensor<float>& out = engine.forward(x, 0);
     const std::int64_t target0 = memory::counters().live;
-    auto y = dry_run_targets<typename Loss::target_type>(out.shape());
+    auto y = engine.in_backend_memory([&] { return dry_run_targets<typename Loss::target_type>(out.shape()); });
     r.data += memory::counters().live - target0;
-    engine.loss().forward(out, y, static_cast<double>(batch));
+    engine.in_backend_memory([&] { engine.loss().forward(out, y, static_cast<double>(batch)); });
     engine.backward(engine.loss().backward(), true);
     engine.step(true, batch);
-    r.heap = memory::heap_in_use() - heap0;  // what the step keeps: the workspaces are what the parts leave
+    r.held = engine.backend_memory().stats().live;  // arena, state, activations, batch, workspaces
     // Per module: the tensor bytes its forward and its backward allocated (self, children apart).
     std::map<std::string, std::pair<std::int64_t, std::int64_t>> per_module;
     std::vector<std::string> order;
@@ -208,35 +206,19 @@ DryRun dry_run(const Model& model, const Optimizer& optimizer, std::size_t batch
     if (eval_batch > 0) {
       engine.set_profiler(nullptr);
       dims[0] = eval_batch;
-      const std::int64_t before = memory::heap_in_use();
-      Tensor<float> xe{Shape(dims)};
-      const std::int64_t input = memory::heap_in_use() - before;
+      const std::int64_t before = engine.backend_memory().stats().live;
+      Tensor<float> xe = engine.in_backend_memory([&] { return Tensor<float>{Shape(dims)}; });
+      const std::int64_t input = engine.backend_memory().stats().live - before;
       Context ctx = engine.context(false);
       engine.predict(ctx, xe);
       // The forward buffers' growth past the training batch, plus the evaluation batch's input
       // (the Trainer evaluates inside fit(): the training loader still holds its batch).
-      r.evaluation = std::max<std::int64_t>(0, memory::heap_in_use() - before - input) + input;
+      r.evaluation = std::max<std::int64_t>(0, engine.backend_memory().stats().live - before - input) + input;
     }
   }
   return r;
 }
 
-// Runs f() on a new thread (fresh per-thread workspaces and counters); rethrows its exception.
-template <class F>
-auto on_fresh_thread(F&& f) {
-  decltype(f()) result{};
-  std::exception_ptr error;
-  std::thread t([&] {
-    try {
-      result = f();
-    } catch (...) {
-      error = std::current_exception();
-    }
-  });
-  t.join();
-  if (error) std::rethrow_exception(error);
-  return result;
-}
 }  // namespace detail
 
 /// Estimates the memory per rank of training `model` with `optimizer` under `Precision`
@@ -252,8 +234,7 @@ MemoryEstimate estimate_memory(const Model& model, const Optimizer& optimizer, s
   XTRAIN_CHECK(options.ranks > 0, ValueError, "estimate_memory: ranks must be at least 1");
   constexpr std::size_t direct_limit = 256, low = 128;
   auto run = [&](std::size_t b, std::size_t eval) {
-    return detail::on_fresh_thread(
-        [&] { return detail::dry_run<Precision>(model, optimizer, b, eval, options.sample_shape, loss); });
+    return detail::dry_run<Precision>(model, optimizer, b, eval, options.sample_shape, loss);
   };
   detail::DryRun r;
   if (batch <= direct_limit) {
@@ -265,7 +246,7 @@ MemoryEstimate estimate_memory(const Model& model, const Optimizer& optimizer, s
       return u + static_cast<std::int64_t>(t * static_cast<double>(v - u));
     };
     r = b;
-    r.heap = lerp(a.heap, b.heap);
+    r.held = lerp(a.held, b.held);
     r.data = lerp(a.data, b.data);
     r.activations = lerp(a.activations, b.activations);
     for (std::size_t i = 0; i < r.modules.size() && i < a.modules.size(); ++i) {
@@ -296,10 +277,8 @@ MemoryEstimate estimate_memory(const Model& model, const Optimizer& optimizer, s
   m.data_bytes = r.data;
   m.evaluation_bytes = r.evaluation;
   m.modules = r.modules;
-  m.heap_measured = r.heap >= 0 && memory::heap_in_use() >= 0;
-  if (m.heap_measured)
-    m.workspace_bytes =
-        std::max<std::int64_t>(0, r.heap - (r.parameters + r.gradients + r.optimizer + r.activations + r.data));
+  m.workspace_bytes =
+      std::max<std::int64_t>(0, r.held - (r.parameters + r.gradients + r.optimizer + r.activations + r.data));
   if (options.ranks > 1) {
     // Shared-memory reduction: the node's ranks sum in one segment of the gradients (and, sharded,
     // the parameters); each rank's share of it. Otherwise MPI's buffers for the bucket in flight.
@@ -343,9 +322,7 @@ inline std::string memory_table(const std::vector<MemoryEstimate>& estimates, st
   if (options.eval_batch)
     row("evaluation (batch " + std::to_string(options.eval_batch) + ")",
         [](const MemoryEstimate& e) { return detail::mib(e.evaluation_bytes); });
-  row("workspaces and other", [](const MemoryEstimate& e) {
-    return e.heap_measured ? detail::mib(e.workspace_bytes) : std::string("unknown");
-  });
+  row("workspaces and other", [](const MemoryEstimate& e) { return detail::mib(e.workspace_bytes); });
   if (options.ranks > 1)
     row("communication", [](const MemoryEstimate& e) { return detail::mib(e.communication_bytes); });
   row("total", [](const MemoryEstimate& e) { return detail::mib(e.total()); });

@@ -54,12 +54,12 @@ struct StepSummary {
   double accounted = 0.0;  ///< (sum of self times inside the steps) / total_us
 };
 
-/// "0: Linear forward", "Adam step", "data".
+/// "0: Linear forward", "Adam step", "zero_grad", "data".
 inline std::string row_name(const Label& l, Category c, GroupBy g) {
   std::string s = g == GroupBy::module ? l.text() : l.kind;
   if (c == Category::forward) s += " forward";
   if (c == Category::backward) s += " backward";
-  if (c == Category::optimizer) s += " step";
+  if (c == Category::optimizer && l.kind != zero_grad_kind) s += " step";
   return s;
 }
 

@@ -75,16 +75,20 @@ class Engine {
 
   /// Takes the model, moves its parameters into one arena, checks that every rank built the same
   /// model (names and shapes), and broadcasts rank 0's parameters and buffers.
+  /// Every buffer of the training (arena, optimizer state, activations, workspaces) comes from
+  /// the Backend's memory resource: each public member that may allocate runs under a
+  /// memory::Use scope of it.
   Engine(Model model, Optimizer optimizer, Communicator communicator, EngineOptions options, Loss loss = {})
       : model_(std::move(model)),
         optimizer_(std::move(optimizer)),
         comm_(std::move(communicator)),
         options_(std::move(options)),
         backend_(options_.threads),
-        arena_(adopt(model_, options_.shard_optimizer ? comm_.size() * ParamArena::alignment : ParamArena::alignment)),
+        arena_(adopt(model_, options_.shard_optimizer ? comm_.size() * ParamArena::alignment : ParamArena::alignment,
+                     backend_memory())),
         shard_(options_.shard_optimizer && comm_.size() > 1),
         block_(arena_.size() / (shard_ ? comm_.size() : 1)),
-        state_(optimizer_.init(block_)),
+        state_(in_backend_memory([&] { return optimizer_.init(block_); })),
         buckets_(arena_, options_.bucket_bytes),
         collectives_(comm_),
         loss_(std::move(loss)),
@@ -124,6 +128,7 @@ class Engine {
   template <class Input>
   StepResult micro_step(const Input& x, const target_type& y, std::size_t global_offset, std::size_t global_count,
                         bool force_sync = false) {
+    const memory::Use use(backend_memory());
     const bool sync = force_sync || micro_ + 1 == options_.accumulate;
     const double normalizer = loss_normalizer(y, global_count);
     float loss = 0.0f;
@@ -170,7 +175,11 @@ class Engine {
   const Tensor<float>& forward(const Input& x, std::size_t global_offset) {
     XTRAIN_CHECK(!options_.deterministic_chunk, ValueError,
                  "the deterministic reduction needs Engine::micro_step (it computes chunk by chunk)");
-    if (micro_ == 0) arena_.zero_grad();
+    const memory::Use use(backend_memory());
+    if (micro_ == 0) {
+      const auto scope = record(zero_grad_label_, profile::Category::optimizer);
+      arena_.zero_grad();
+    }
     ctx_ = context(true);
     ctx_.sample_offset = micro_samples_ + global_offset;
     return run_forward(ctx_, x);
@@ -180,6 +189,7 @@ class Engine {
   /// policy stores in between. It lives in the engine or the model until the next forward.
   template <class Input>
   const Tensor<float>& predict(Context& ctx, const Input& x) {
+    const memory::Use use(backend_memory());
     return run_forward(ctx, x);
   }
 
@@ -187,6 +197,7 @@ class Engine {
   /// (last micro-step of the window) the buckets' allreduces start during backward and are
   /// complete on return: the gradients are then summed over ranks (clip them now if you wish).
   void backward(const Tensor<float>& dlogits, bool sync) {
+    const memory::Use use(backend_memory());
     ctx_.input_grad = false;                                  // nothing needs the gradient of the data
     const bool reduce = sync && comm_.size() > 1 && !shard_;  // sharded: reduce-scattered in step()
     run_backward(ctx_, dlogits, reduce);
@@ -201,6 +212,7 @@ class Engine {
   /// Ends a micro-step of `global_count` samples: when `sync`, clips (per the options) and steps
   /// the optimizer; otherwise only counts the micro-step. Returns whether the optimizer stepped.
   bool step(bool sync, std::size_t global_count) {
+    const memory::Use use(backend_memory());
     micro_samples_ += global_count;
     if (!sync) {
       ++micro_;
@@ -271,6 +283,7 @@ class Engine {
                   const std::vector<checkpoint::Registered>& objects) {
     XTRAIN_CHECK(!in_accumulation_window(), ValueError,
                  "save_state: called between the micro-steps of an accumulation window; save after an optimizer step");
+    const memory::Use use(backend_memory());
     broadcast_buffers();
     progress.step = step_;
     progress.data_seed = options_.seed;
@@ -299,6 +312,7 @@ class Engine {
   /// state, schedule, loss scaler, step, data seed, RNG, the `objects`. Returns the progress
   /// record for the caller's part (epoch, position). Collective.
   checkpoint::Progress load_state(const std::string& dir, const std::vector<checkpoint::Registered>& objects) {
+    const memory::Use use(backend_memory());
     const std::string path = dir + "/" + checkpoint::state_file_name;
     std::string payload;
     if (comm_.rank() == 0) try {
@@ -327,6 +341,7 @@ class Engine {
   template <class F>
   void with_full_optimizer_state(F&& f) {
     if (!shard_) return f(state_);
+    const memory::Use use(backend_memory());
     typename Optimizer::State full =
         sharding::gather_state<Optimizer>(comm_, state_, offset(), arena_.size(), arena_.natural_size());
     f(full);
@@ -335,6 +350,7 @@ class Engine {
   /// Installs an optimizer state in the natural layout (from a checkpoint); each rank keeps its
   /// block when sharded.
   void set_full_optimizer_state(typename Optimizer::State full) {
+    const memory::Use use(backend_memory());
     state_ =
         shard_ ? sharding::take_block<Optimizer>(std::move(full), offset(), block_, arena_.size()) : std::move(full);
   }
@@ -406,6 +422,7 @@ class Engine {
     p->attach(model_);
     loss_label_ = p->label("", profile::kind_of(loss_));
     optimizer_label_ = p->label("", Optimizer::name);
+    zero_grad_label_ = p->label("", profile::zero_grad_kind);
     reduction_label_ = p->label("", "gradient allreduce wait");
     deterministic_label_ = p->label("", "gradient tree reduction");
     scatter_label_ = p->label("", "gradient reduce-scatter");
@@ -421,6 +438,14 @@ class Engine {
   const EngineOptions& options() const noexcept { return options_; }
   Loss& loss() noexcept { return loss_; }
   Backend& backend() noexcept { return backend_; }
+  /// Where the backend's buffers live (its executor's memory resource).
+  memory::Resource& backend_memory() noexcept { return backend_.executor()->memory(); }
+  /// f() with the backend's memory resource current (what it allocates is the backend's).
+  template <class F>
+  decltype(auto) in_backend_memory(F&& f) {
+    const memory::Use use(backend_memory());
+    return f();
+  }
   /// Sum of per-term losses, correct predictions (classification) and terms of the last
   /// micro-step (this rank).
   double last_loss_sum() const noexcept { return loss_sum_; }
@@ -442,9 +467,20 @@ class Engine {
     return profiler_ ? profiler_->scope(label, category) : profile::Profiler::Scope{};
   }
 
-  // Module ids, then the arena.
-  static ParamArena adopt(Model& model, std::size_t multiple) {
+  // Module ids, then the arena in `memory`, where the model's buffers (BatchNorm's running
+  // statistics, made with the model) move too.
+  static ParamArena adopt(Model& model, std::size_t multiple, memory::Resource& memory) {
     assign_module_ids(model);
+    const memory::Use use(memory);
+    xtrain::visit_buffers(
+        model,
+        [](const std::string&, auto& buffer) {
+          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, Tensor<float>>) {
+            Tensor<float> copy(buffer);  // from `memory`
+            buffer = std::move(copy);
+          }
+        },
+        true);
     return ParamArena(model, multiple);
   }
 
@@ -622,8 +658,8 @@ class Engine {
   bool unscaled_ = false, found_inf_ = false;
   std::uint64_t check_every_ = 0;  // parameter checksum period (XTRAIN_DEBUG_COLLECTIVES)
   profile::Profiler* profiler_ = nullptr;
-  std::uint32_t loss_label_ = 0, optimizer_label_ = 0, reduction_label_ = 0, deterministic_label_ = 0,
-                scatter_label_ = 0, gather_label_ = 0;
+  std::uint32_t loss_label_ = 0, optimizer_label_ = 0, zero_grad_label_ = 0, reduction_label_ = 0,
+                deterministic_label_ = 0, scatter_label_ = 0, gather_label_ = 0;
 };
 
 }  // namespace xtrain

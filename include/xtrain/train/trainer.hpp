@@ -168,6 +168,7 @@ class Trainer {
     static_assert(std::is_same_v<typename D::target_type, target_type>,
                   "xtrain: the data set's target_type is not the loss's target_type");
     const auto scope = record(evaluation_label_, profile::Category::evaluation);
+    const memory::Use use(engine_.backend_memory());  // the loss's buffers too
     engine_.broadcast_buffers();
     data::Loader<D> loader(data, options_.eval_batch_size() * world_, 0, false, false, rank(), world_);
     loader.set_executor(engine_.backend().executor());
@@ -199,6 +200,7 @@ class Trainer {
   /// The same with one class id per sample (CrossEntropyLoss).
   StepResult train_step(const Tensor<float>& x, std::span<const std::int32_t> labels, std::size_t global_offset,
                         std::size_t global_count) requires std::is_same_v<target_type, Tensor<std::int32_t>> {
+    const memory::Use use(engine_.backend_memory());
     labels_.resize({labels.size()});
     std::copy(labels.begin(), labels.end(), labels_.data());
     return engine_.micro_step(x, labels_, global_offset, global_count);

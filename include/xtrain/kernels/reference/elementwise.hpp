@@ -36,4 +36,35 @@ inline void column_sums(const float* x, std::size_t rows, std::size_t cols, floa
   }
 }
 
+/// BatchNorm over the columns of x[rows, cols] (row stride ld), from the definitions: the biased
+/// mean and variance of each column, xhat = (x - mean) / sqrt(var + eps), y = gamma xhat + beta;
+/// and backward: dgamma = sum dy xhat, dbeta = sum dy,
+/// dx = gamma / sqrt(var + eps) (dy - mean(dy) - xhat mean(dy xhat)).
+inline void batch_norm_columns(const float* x, const float* dy, std::size_t rows, std::size_t ld, std::size_t cols,
+                               const float* gamma, const float* beta, double eps, double* y, double* dx, double* dgamma,
+                               double* dbeta) {
+  for (std::size_t j = 0; j < cols; ++j) {
+    double mean = 0, var = 0;
+    for (std::size_t r = 0; r < rows; ++r) mean += x[r * ld + j];
+    mean /= static_cast<double>(rows);
+    for (std::size_t r = 0; r < rows; ++r) var += (x[r * ld + j] - mean) * (x[r * ld + j] - mean);
+    var /= static_cast<double>(rows);
+    const double invstd = 1.0 / std::sqrt(var + eps);
+    double sdy = 0, sdyx = 0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      const double xhat = (x[r * ld + j] - mean) * invstd;
+      y[r * ld + j] = gamma[j] * xhat + beta[j];
+      sdy += dy[r * ld + j];
+      sdyx += dy[r * ld + j] * xhat;
+    }
+    dgamma[j] = sdyx;
+    dbeta[j] = sdy;
+    const double n = static_cast<double>(rows);
+    for (std::size_t r = 0; r < rows; ++r) {
+      const double xhat = (x[r * ld + j] - mean) * invstd;
+      dx[r * ld + j] = gamma[j] * invstd * (dy[r * ld + j] - sdy / n - xhat * sdyx / n);
+    }
+  }
+}
+
 }  // namespace xtrain::kernels::reference

@@ -1,0 +1,194 @@
+#pragma once
+/// \file memory.hpp
+/// Where buffers come from. A `memory::Resource` is a source of 64-byte aligned blocks: the
+/// backend's (backend/cpu.hpp), or the process's `host()` one. Every Tensor, the parameter arena,
+/// optimizer state and the layers' buffers allocate through `memory::Allocator`, which takes its
+/// blocks from the calling thread's current resource: `host()` unless a `memory::Use` scope says
+/// otherwise. The engine opens such a scope with its backend's resource around everything it runs
+/// (construction, steps, evaluation, checkpoints), so the backend owns every buffer of a training;
+/// as std::pmr's default resource, but per thread and scoped. A block remembers its resource and
+/// keeps it alive, so a tensor may outlive the backend it came from.
+///
+/// Also counts the bytes each thread allocates and frees (`counters()`): what the profiler's
+/// `profile_memory` reports per module, and what a memory check measures.
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <string>
+#include <utility>
+
+#include "xtrain/core/error.hpp"
+
+namespace xtrain::memory {
+
+/// Storage of the calling thread, in bytes (what memory::Allocator allocated on it).
+struct Counters {
+  std::int64_t allocated = 0;  ///< bytes allocated since the thread started (never decreases)
+  std::int64_t live = 0;       ///< bytes allocated and not yet freed by this thread
+  std::int64_t peak = 0;       ///< the highest `live` since the thread started or reset_peak()
+};
+
+/// The calling thread's counters.
+inline Counters& counters() noexcept {
+  thread_local Counters c;
+  return c;
+}
+
+/// Starts a new peak measurement at the current live bytes.
+inline void reset_peak() noexcept { counters().peak = counters().live; }
+
+/// What a resource has handed out, over all threads.
+struct Stats {
+  std::int64_t allocations = 0;  ///< blocks allocated so far
+  std::int64_t live = 0;         ///< bytes of the blocks not yet freed
+  std::int64_t peak = 0;         ///< the highest `live` so far
+};
+
+/// A source of memory blocks aligned to `alignment` bytes, safe to use from several threads.
+/// Create resources with std::make_shared (a block keeps its resource alive through it).
+/// Implement do_allocate/do_deallocate; allocate/deallocate count the blocks (stats()).
+class Resource : public std::enable_shared_from_this<Resource> {
+ public:
+  static constexpr std::size_t alignment = 64;
+
+  virtual ~Resource() = default;
+  /// A name for messages ("host").
+  virtual std::string name() const = 0;
+
+  /// A block of `bytes` bytes aligned to `alignment`; throws std::bad_alloc when there is none.
+  void* allocate(std::size_t bytes) {
+    void* p = do_allocate(bytes);
+    allocations_.fetch_add(1, std::memory_order_relaxed);
+    const std::int64_t live =
+        live_.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed) + static_cast<std::int64_t>(bytes);
+    std::int64_t peak = peak_.load(std::memory_order_relaxed);
+    while (live > peak && !peak_.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
+    }
+    return p;
+  }
+  /// Returns a block of allocate(bytes).
+  void deallocate(void* p, std::size_t bytes) noexcept {
+    live_.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+    do_deallocate(p, bytes);
+  }
+  Stats stats() const noexcept {
+    return {allocations_.load(std::memory_order_relaxed), live_.load(std::memory_order_relaxed),
+            peak_.load(std::memory_order_relaxed)};
+  }
+
+ protected:
+  virtual void* do_allocate(std::size_t bytes) = 0;
+  virtual void do_deallocate(void* p, std::size_t bytes) noexcept = 0;
+
+ private:
+  std::atomic<std::int64_t> allocations_{0}, live_{0}, peak_{0};
+};
+
+/// Host memory from the global operator new (aligned).
+class HostResource final : public Resource {
+ public:
+  std::string name() const override { return "host"; }
+
+ protected:
+  void* do_allocate(std::size_t bytes) override { return ::operator new (bytes, std::align_val_t{alignment}); }
+  void do_deallocate(void* p, std::size_t) noexcept override { ::operator delete (p, std::align_val_t{alignment}); }
+};
+
+/// The process's host resource: where buffers come from outside any backend's scope. Never
+/// destroyed (a buffer may be freed during static destruction).
+inline Resource& host() {
+  static auto* const resource = new std::shared_ptr<Resource>(std::make_shared<HostResource>());
+  return **resource;
+}
+
+namespace detail {
+inline Resource*& current_slot() noexcept {
+  thread_local Resource* current = nullptr;
+  return current;
+}
+}  // namespace detail
+
+/// The resource new blocks of the calling thread come from: the innermost Use's, else host().
+inline Resource& current() {
+  Resource* r = detail::current_slot();
+  return r ? *r : host();
+}
+
+/// While it lives, blocks allocated on this thread come from `resource`. Scopes nest; destroy
+/// them in reverse order of construction (as locals are). Requires: `resource` is owned by a
+/// std::shared_ptr (made by std::make_shared), since each block keeps its resource alive.
+class Use {
+ public:
+  explicit Use(Resource& resource) : previous_(detail::current_slot()) {
+    XTRAIN_CHECK(!resource.weak_from_this().expired(), ValueError, "memory resource '", resource.name(),
+                 "' is not owned by a std::shared_ptr: create it with std::make_shared (its blocks keep it alive)");
+    detail::current_slot() = &resource;
+  }
+  Use(const Use&) = delete;
+  Use& operator=(const Use&) = delete;
+  ~Use() { detail::current_slot() = previous_; }
+
+ private:
+  Resource* previous_;
+};
+
+namespace detail {
+/// Stored before each block of Allocator: the resource it came from, kept alive.
+struct alignas(Resource::alignment) BlockHeader {
+  std::shared_ptr<Resource> owner;
+};
+static_assert(sizeof(BlockHeader) == Resource::alignment);
+}  // namespace detail
+
+/// The allocator of Tensor storage, the parameter arena, optimizer state and layer buffers: blocks
+/// from the current resource (aligned to 64 bytes), each freed where it came from, counted into
+/// counters(). Stateless: all instances are equal.
+template <class T>
+struct Allocator {
+  using value_type = T;
+  static_assert(alignof(T) <= Resource::alignment);
+
+  Allocator() noexcept = default;
+  template <class U>
+  Allocator(const Allocator<U>&) noexcept {}
+
+  T* allocate(std::size_t n) {
+    if (n > (std::size_t(-1) - sizeof(detail::BlockHeader)) / sizeof(T)) throw std::bad_array_new_length();
+    const std::size_t bytes = n * sizeof(T);
+    Resource& r = current();
+    std::shared_ptr<Resource> owner = r.shared_from_this();  // Use checked that it is shared
+    auto* block = static_cast<std::byte*>(r.allocate(bytes + sizeof(detail::BlockHeader)));
+    new (block) detail::BlockHeader{std::move(owner)};
+    Counters& c = counters();
+    c.allocated += static_cast<std::int64_t>(bytes);
+    c.live += static_cast<std::int64_t>(bytes);
+    c.peak = std::max(c.peak, c.live);
+    return reinterpret_cast<T*>(block + sizeof(detail::BlockHeader));
+  }
+  void deallocate(T* p, std::size_t n) noexcept {
+    const std::size_t bytes = n * sizeof(T);
+    counters().live -= static_cast<std::int64_t>(bytes);
+    auto* block = reinterpret_cast<std::byte*>(p) - sizeof(detail::BlockHeader);
+    auto* header = std::launder(reinterpret_cast<detail::BlockHeader*>(block));
+    const std::shared_ptr<Resource> owner = std::move(header->owner);
+    header->~BlockHeader();
+    owner->deallocate(block, bytes + sizeof(detail::BlockHeader));
+  }
+  template <class U>
+  friend bool operator==(const Allocator&, const Allocator<U>&) noexcept {
+    return true;
+  }
+};
+
+/// The resource a block of Allocator came from.
+template <class T>
+Resource& resource_of(const T* p) noexcept {
+  const auto* block = reinterpret_cast<const std::byte*>(p) - sizeof(detail::BlockHeader);
+  return *std::launder(reinterpret_cast<const detail::BlockHeader*>(block))->owner;
+}
+
+}  // namespace xtrain::memory

@@ -1,0 +1,248 @@
+// The backend owns the buffers of a training: a backend whose memory resource takes its blocks
+// from the C heap (not from operator new) sees every buffer, and a counting global operator new,
+// as a user of a custom allocator would install it, sees only small bookkeeping while warming up
+// and nothing at all once warm. (Not under the sanitizers: they replace the allocator.)
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include "../../examples/cnn_models.hpp"
+#include "support.hpp"
+#include "xtrain/xtrain.hpp"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define XTRAIN_TEST_NO_NEW_HOOK 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define XTRAIN_TEST_NO_NEW_HOOK 1
+#endif
+#endif
+
+using namespace xtrain;
+using namespace xtrain::test;
+namespace nn = xtrain::layers;
+
+#if !defined(XTRAIN_TEST_NO_NEW_HOOK)
+namespace {
+
+// What the global operator new handed out, over all threads.
+struct NewCounts {
+  std::atomic<std::uint64_t> calls{0}, bytes{0}, largest{0};
+  void note(std::size_t n) noexcept {
+    calls.fetch_add(1, std::memory_order_relaxed);
+    bytes.fetch_add(n, std::memory_order_relaxed);
+    std::uint64_t l = largest.load(std::memory_order_relaxed);
+    while (n > l && !largest.compare_exchange_weak(l, n, std::memory_order_relaxed)) {
+    }
+  }
+  void reset() noexcept {
+    calls = 0;
+    bytes = 0;
+    largest = 0;
+  }
+};
+NewCounts& new_counts() noexcept {
+  static NewCounts c;
+  return c;
+}
+
+void* counted_new(std::size_t n, std::size_t align) {
+  new_counts().note(n);
+  void* p = align > alignof(std::max_align_t) ? std::aligned_alloc(align, (n + align - 1) / align * align)
+                                              : std::malloc(n ? n : 1);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+
+}  // namespace
+
+void* operator new(std::size_t n) { return counted_new(n, 0); }
+void* operator new[](std::size_t n) { return counted_new(n, 0); }
+void* operator new(std::size_t n, std::align_val_t a) { return counted_new(n, static_cast<std::size_t>(a)); }
+void* operator new[](std::size_t n, std::align_val_t a) { return counted_new(n, static_cast<std::size_t>(a)); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+#endif  // the counting operator new
+
+namespace {
+
+// Host memory from the C heap: what the counting operator new does not see.
+class MallocResource final : public memory::Resource {
+ public:
+  std::string name() const override { return "test-malloc"; }
+
+ protected:
+  void* do_allocate(std::size_t bytes) override {
+    void* p = std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  void do_deallocate(void* p, std::size_t) noexcept override { std::free(p); }
+};
+
+// The test backends: Cpu and CpuThreads with their buffers from MallocResource.
+struct HeapCpu : backend::Cpu {
+  static constexpr const char* name = "heap-cpu";
+  explicit HeapCpu(std::size_t n = 0) : Cpu(n, std::make_shared<MallocResource>()) {}
+};
+struct HeapThreads : backend::CpuThreads {
+  static constexpr const char* name = "heap-cpu-threads";
+  explicit HeapThreads(std::size_t n = 0) : CpuThreads(n, std::make_shared<MallocResource>()) {}
+};
+static_assert(backend::Backend<HeapCpu> && backend::Backend<HeapThreads>);
+
+#if !defined(XTRAIN_TEST_NO_NEW_HOOK)
+Tensor<std::int32_t> labels(std::size_t n, std::int32_t classes) {
+  Tensor<std::int32_t> y({n});
+  for (std::size_t i = 0; i < n; ++i) y[i] = static_cast<std::int32_t>(i * 7 % static_cast<std::size_t>(classes));
+  return y;
+}
+
+// Operator new calls and backend blocks of `steps` training steps.
+struct StepAllocations {
+  std::uint64_t news = 0, largest_new = 0;
+  std::int64_t backend_blocks = 0;
+};
+template <class Trainer, class X, class Y>
+StepAllocations allocations_of_steps(Trainer& trainer, const X& x, const Y& y, int steps) {
+  const std::int64_t blocks0 = trainer.backend().memory().stats().allocations;
+  new_counts().reset();
+  for (int i = 0; i < steps; ++i) trainer.train_step(x, y, 0, x.shape(0));
+  return {new_counts().calls.load(), new_counts().largest.load(),
+          trainer.backend().memory().stats().allocations - blocks0};
+}
+
+// After two warm-up steps, three more allocate nothing: no operator new, no backend block.
+template <class Trainer, class X, class Y>
+void check_steady_state(Trainer& trainer, const X& x, const Y& y) {
+  allocations_of_steps(trainer, x, y, 2);
+  const StepAllocations a = allocations_of_steps(trainer, x, y, 3);
+  CHECK(a.news == 0);
+  CHECK(a.backend_blocks == 0);
+}
+#endif
+
+}  // namespace
+
+#if !defined(XTRAIN_TEST_NO_NEW_HOOK)
+TEST_CASE("The backend owns every buffer of a training", "[backend][memory]") {
+  set_seed(11);
+  using Model = nn::Sequential<nn::Linear, nn::BatchNorm1d, nn::ReLU, nn::Linear>;
+  Trainer<Model, optim::Adam, MixedPrecision<bf16>, parallel::SingleProcess, HeapThreads> trainer{
+      Model{nn::Linear{784, 256}, nn::BatchNorm1d{256}, nn::ReLU{}, nn::Linear{256, 10}}, optim::Adam{},
+      TrainerOptions{}.threads(2).verbose(false)};
+  const Matrix x = random_matrix(64, 784, 3);
+  const Tensor<std::int32_t> y = labels(64, 10);
+  // Warming up allocates every buffer: none of them (nothing of 1 KiB or more) through operator new.
+  const StepAllocations warm = allocations_of_steps(trainer, x, y, 2);
+  INFO("operator new during warm-up: " << warm.news << " calls, the largest " << warm.largest_new << " bytes");
+  CHECK(warm.largest_new < 1024);
+  CHECK(warm.backend_blocks > 0);
+
+  memory::Resource& mine = trainer.backend().memory();
+  CHECK(mine.name() == "test-malloc");
+  CHECK(&memory::resource_of(trainer.params().values().data()) == &mine);
+  CHECK(&memory::resource_of(trainer.params().grads().data()) == &mine);
+  std::int64_t state_bytes = 0;
+  optim::Adam::visit_state(trainer.optimizer_state(), [&](AlignedVector& v) {
+    CHECK(&memory::resource_of(v.data()) == &mine);
+    state_bytes += static_cast<std::int64_t>(v.size() * sizeof(float));
+  });
+  visit_buffers(trainer.model(), [&](const std::string& name, auto& buffer) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, Tensor<float>>) {
+      INFO(name);
+      CHECK(&memory::resource_of(buffer.data()) == &mine);
+    }
+  });
+  CHECK(&memory::resource_of(trainer.predict(x).data()) == &mine);
+  const auto arena_bytes = static_cast<std::int64_t>(2 * trainer.params().size() * sizeof(float));
+  CHECK(mine.stats().live > arena_bytes + state_bytes);
+  CHECK(mine.stats().peak >= mine.stats().live);
+
+  // A tensor keeps its backend's memory alive: it may outlive the Trainer.
+  Matrix logits;
+  {
+    HeapCpu other;
+    const memory::Use use(other.memory());
+    logits = Matrix({4, 10});
+  }
+  CHECK(memory::resource_of(logits.data()).name() == "test-malloc");
+}
+
+TEST_CASE("Steady-state steps allocate nothing: no operator new, no backend block", "[backend][memory]") {
+  SECTION("the homework's model, fp32, one thread") {
+    set_seed(12);
+    using Model = nn::Sequential<nn::Linear, nn::BatchNorm1d, nn::ReLU, nn::Linear>;
+    Trainer<Model, optim::Adam, FullPrecision, parallel::SingleProcess, HeapCpu> trainer{
+        Model{nn::Linear{784, 32}, nn::BatchNorm1d{32}, nn::ReLU{}, nn::Linear{32, 10}}, optim::Adam{},
+        TrainerOptions{}.verbose(false)};
+    check_steady_state(trainer, random_matrix(32, 784, 4), labels(32, 10));
+  }
+  SECTION("the wide model, bf16, three threads") {
+    set_seed(13);
+    using Model = nn::Sequential<nn::Linear, nn::BatchNorm1d, nn::GELU, nn::Linear>;
+    Trainer<Model, optim::Adam, MixedPrecision<bf16>, parallel::SingleProcess, HeapThreads> trainer{
+        Model{nn::Linear{784, 1024}, nn::BatchNorm1d{1024}, nn::GELU{}, nn::Linear{1024, 10}}, optim::Adam{},
+        TrainerOptions{}.threads(3).verbose(false)};
+    check_steady_state(trainer, random_matrix(256, 784, 5), labels(256, 10));
+  }
+  SECTION("a GPT, fp16 with loss scaling, two threads") {
+    set_seed(14);
+    Trainer<nn::GPT, optim::AdamW, MixedPrecision<fp16>, parallel::SingleProcess, HeapThreads> trainer{
+        nn::GPT({.vocab = 20, .block = 32, .layers = 2, .heads = 4, .embd = 64}), optim::AdamW{},
+        TrainerOptions{}.threads(2).verbose(false)};
+    Tensor<std::int32_t> ids({4, 32}), targets({4, 32});
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      ids[i] = static_cast<std::int32_t>(i % 20);
+      targets[i] = static_cast<std::int32_t>((i + 1) % 20);
+    }
+    check_steady_state(trainer, ids, targets);
+  }
+  SECTION("convbn (convolutions, BatchNorm2d, pooling, Dropout), bf16") {
+    set_seed(15);
+    auto model = cnn_models::convbn();
+    Trainer<decltype(model), optim::Adam, MixedPrecision<bf16>, parallel::SingleProcess, HeapCpu> trainer{
+        std::move(model), optim::Adam{}, TrainerOptions{}.verbose(false)};
+    check_steady_state(trainer, random_tensor({8, 1, 28, 28}, 6), labels(8, 10));
+  }
+}
+#endif
+
+TEST_CASE("Memory resources: scopes, stats, and a clear error for an unshared resource", "[backend][memory]") {
+  auto r = std::make_shared<MallocResource>();
+  CHECK(&memory::current() == &memory::host());
+  {
+    const memory::Use use(*r);
+    CHECK(&memory::current() == r.get());
+    Matrix m({16, 16});
+    CHECK(&memory::resource_of(m.data()) == r.get());
+    CHECK(r->stats().allocations == 1);
+    CHECK(r->stats().live >= static_cast<std::int64_t>(16 * 16 * sizeof(float)));
+    {
+      const memory::Use inner(memory::host());
+      CHECK(&memory::current() == &memory::host());
+    }
+    CHECK(&memory::current() == r.get());
+  }
+  CHECK(&memory::current() == &memory::host());
+  CHECK(r->stats().live == 0);
+  MallocResource unshared;
+  CHECK_THROWS_WITH(memory::Use(unshared), Catch::Contains("is not owned by a std::shared_ptr"));
+  // A workspace slot grows to the largest request and is reused.
+  backend::Workspace ws(r);
+  float* a = ws.get<float>(backend::Workspace::Slot::pack_a, 100);
+  CHECK(ws.get<float>(backend::Workspace::Slot::pack_a, 50) == a);
+  CHECK(ws.bytes() == 400);
+  CHECK(reinterpret_cast<std::uintptr_t>(a) % 64 == 0);
+}
