@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -113,6 +114,21 @@ TEST_CASE("ThreadPool runs every part once, concurrently, and rethrows a part's 
                       "part 0");
   pool.run(3, [&](std::size_t) {});
   REQUIRE_THROWS_WITH(pool.run(4, [](std::size_t) {}), Catch::Contains("4 parts for 3 threads"));
+  // A second thread that starts a loop while one runs is told so (one thread drives an executor).
+  std::string error;
+  pool.run(2, [&](std::size_t p) {
+    if (p != 0) return;
+    std::thread other([&] {
+      try {
+        pool.run(2, [](std::size_t) {});
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    });
+    other.join();
+  });
+  REQUIRE_THAT(error, Catch::Contains("called from a second thread"));
+  pool.run(3, [&](std::size_t) {});  // and the pool goes on
   REQUIRE_THROWS_WITH(backend::ThreadPool(0), Catch::Contains("1 to 1024 threads, got 0"));
 }
 

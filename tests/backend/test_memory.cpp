@@ -18,7 +18,7 @@
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define XTRAIN_TEST_NO_NEW_HOOK 1
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
 #define XTRAIN_TEST_NO_NEW_HOOK 1
 #endif
 #endif
@@ -137,6 +137,12 @@ void check_steady_state(Trainer& trainer, const X& x, const Y& y) {
 
 #if !defined(XTRAIN_TEST_NO_NEW_HOOK)
 TEST_CASE("The backend owns every buffer of a training", "[backend][memory]") {
+  {  // the counting operator new is the one in use
+    const std::uint64_t before = new_counts().calls.load();
+    auto* volatile probe = new int(7);
+    delete probe;
+    REQUIRE(new_counts().calls.load() > before);
+  }
   set_seed(11);
   using Model = nn::Sequential<nn::Linear, nn::BatchNorm1d, nn::ReLU, nn::Linear>;
   Trainer<Model, optim::Adam, MixedPrecision<bf16>, parallel::SingleProcess, HeapThreads> trainer{
@@ -169,15 +175,37 @@ TEST_CASE("The backend owns every buffer of a training", "[backend][memory]") {
   const auto arena_bytes = static_cast<std::int64_t>(2 * trainer.params().size() * sizeof(float));
   CHECK(mine.stats().live > arena_bytes + state_bytes);
   CHECK(mine.stats().peak >= mine.stats().live);
+}
 
-  // A tensor keeps its backend's memory alive: it may outlive the Trainer.
+TEST_CASE("A backend's buffers go with its Trainer; a tensor keeps its backend's memory alive", "[backend][memory]") {
+  set_seed(16);
+  std::weak_ptr<memory::Resource> memory_of_trainer;
+  {
+    using Model = nn::Sequential<nn::Linear, nn::BatchNorm1d, nn::ReLU, nn::Linear>;
+    Trainer<Model, optim::Adam, MixedPrecision<bf16>, parallel::SingleProcess, HeapThreads> trainer{
+        Model{nn::Linear{784, 128}, nn::BatchNorm1d{128}, nn::ReLU{}, nn::Linear{128, 10}}, optim::Adam{},
+        TrainerOptions{}.threads(2).verbose(false)};
+    const Matrix x = random_matrix(32, 784, 7);
+    for (int i = 0; i < 2; ++i) trainer.train_step(x, labels(32, 10), 0, 32);
+    memory_of_trainer = trainer.backend().memory().weak_from_this();
+    REQUIRE(memory_of_trainer.lock()->stats().live > 0);
+  }
+  // Nothing of the training outlives it (no buffer kept elsewhere, as a thread_local one would be).
+  CHECK(memory_of_trainer.expired());
+
+  // A tensor keeps its backend's memory alive: it may outlive the backend.
   Matrix logits;
+  std::weak_ptr<memory::Resource> memory_of_backend;
   {
     HeapCpu other;
+    memory_of_backend = other.memory().weak_from_this();
     const memory::Use use(other.memory());
     logits = Matrix({4, 10});
   }
+  CHECK_FALSE(memory_of_backend.expired());
   CHECK(memory::resource_of(logits.data()).name() == "test-malloc");
+  logits.clear();
+  CHECK(memory_of_backend.expired());
 }
 
 TEST_CASE("Steady-state steps allocate nothing: no operator new, no backend block", "[backend][memory]") {

@@ -20,7 +20,7 @@ data::TensorDataset zeros(std::size_t n) {
 }
 
 // The peak the Trainer needs to build the model, train 20 steps and evaluate once, measured on a
-// thread of its own (as the estimate's dry run), and the estimate.
+// thread of its own (its counters start at zero), and the estimate.
 template <class Precision, class MakeModel>
 std::pair<double, double> measured_and_estimated(MakeModel make_model, std::size_t batch, std::size_t eval_batch) {
   const MemoryOptions options{.sample_shape = Shape{784}, .eval_batch = eval_batch};

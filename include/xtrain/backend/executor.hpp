@@ -51,7 +51,7 @@ class Executor {
   /// Calls body(p) for every p in [0, parts), concurrently, and returns when all have returned.
   /// Requires parts <= threads(). A call made from inside a body runs its parts one after another
   /// on the calling thread. The first exception thrown by a part is rethrown here. Parts run
-  /// with memory() as their threads' current resource.
+  /// with memory() as their thread's current resource (the caller's part included).
   virtual void run(std::size_t parts, PartFunction body) = 0;
   /// The workspace of the calling thread (a thread of this executor's, or the one driving it).
   virtual Workspace& workspace() noexcept = 0;
@@ -62,11 +62,12 @@ class Executor {
 /// Everything on the calling thread, with one workspace.
 class Serial final : public Executor {
  public:
-  /// Buffers from `resource` (host memory by default).
+  /// Buffers from `resource` (host memory by default). Requires a resource (not null).
   explicit Serial(std::shared_ptr<memory::Resource> resource = memory::host().shared_from_this())
       : workspace_(resource), resource_(std::move(resource)) {}
   std::size_t threads() const noexcept override { return 1; }
   void run(std::size_t parts, PartFunction body) override {
+    const memory::Use use(*resource_);
     for (std::size_t p = 0; p < parts; ++p) body(p);
   }
   Workspace& workspace() noexcept override { return workspace_; }

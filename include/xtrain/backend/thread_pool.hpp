@@ -40,6 +40,7 @@ class ThreadPool final : public Executor {
                       std::shared_ptr<memory::Resource> resource = memory::host().shared_from_this())
       : resource_(std::move(resource)), oversubscribed_(threads > affinity_cores()) {
     XTRAIN_CHECK(threads >= 1 && threads <= 1024, ValueError, "a thread pool needs 1 to 1024 threads, got ", threads);
+    XTRAIN_CHECK(resource_ != nullptr, ValueError, "ThreadPool: the memory resource is null");
     workspaces_.reserve(threads);
     for (std::size_t i = 0; i < threads; ++i) workspaces_.push_back(std::make_unique<Workspace>(resource_));
     workers_.reserve(threads - 1);
@@ -64,10 +65,17 @@ class ThreadPool final : public Executor {
 
   void run(std::size_t parts, PartFunction body) override {
     XTRAIN_CHECK(parts <= threads(), ValueError, "ThreadPool::run: ", parts, " parts for ", threads(), " threads");
+    const memory::Use use(*resource_);
     if (parts <= 1 || busy_.exchange(true, std::memory_order_acquire)) {  // one part, or nested: inline
+      XTRAIN_CHECK(
+          parts <= 1 || worker().pool == this || driver_.load(std::memory_order_relaxed) == std::this_thread::get_id(),
+          ValueError,
+          "ThreadPool::run called from a second thread while another runs a loop: one thread drives an "
+          "executor (give each thread a backend of its own)");
       for (std::size_t p = 0; p < parts; ++p) body(p);
       return;
     }
+    driver_.store(std::this_thread::get_id(), std::memory_order_relaxed);
     struct Release {
       std::atomic<bool>& busy;
       ~Release() { busy.store(false, std::memory_order_release); }
@@ -168,6 +176,7 @@ class ThreadPool final : public Executor {
   std::atomic<std::uint32_t> sleepers_{0};                // workers asleep in generation_.wait
   alignas(64) std::atomic<std::size_t> pending_{0};       // workers not done with this loop
   std::atomic<bool> busy_{false};                         // a loop is running (nested calls go inline)
+  std::atomic<std::thread::id> driver_{};                 // the thread that started the running loop
   std::atomic<bool> stop_{false};
   const PartFunction* body_ = nullptr;
   std::size_t parts_ = 0;

@@ -4,7 +4,7 @@
 /// low-precision layers, the fp32 copies a layer widens a 16-bit activation into. Each slot grows
 /// to the largest size asked of it and is reused, so a training step allocates nothing once warm.
 /// The backend owns one workspace per thread (backend::Executor::workspace), allocated from its
-/// memory resource; nothing is kept in thread_local storage.
+/// memory resource, where kernels once kept thread_local buffers.
 
 #include <array>
 #include <cstddef>
@@ -29,9 +29,11 @@ class Workspace {
     count
   };
 
-  /// Buffers from `resource` (host memory by default).
+  /// Buffers from `resource` (host memory by default). Requires a resource (not null).
   explicit Workspace(std::shared_ptr<memory::Resource> resource = memory::host().shared_from_this())
-      : resource_(std::move(resource)) {}
+      : resource_(std::move(resource)) {
+    XTRAIN_CHECK(resource_ != nullptr, ValueError, "backend::Workspace: the memory resource is null");
+  }
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
   ~Workspace() {
@@ -53,8 +55,13 @@ class Workspace {
     return static_cast<T*>(b.data);
   }
 
-  /// fp32 tensors (0 and 1) a layer widens a 16-bit input and output into (BatchNorm).
-  Tensor<float>& tensor(std::size_t i) noexcept { return tensors_[i]; }
+  /// fp32 tensor 0 or 1 of `shape` (from this workspace's resource; contents unspecified): what
+  /// a layer widens a 16-bit input and output into (BatchNorm).
+  Tensor<float>& tensor(std::size_t i, const Shape& shape) {
+    const memory::Use use(*resource_);
+    tensors_[i].resize(shape);
+    return tensors_[i];
+  }
 
   /// Bytes held in the raw slots.
   std::size_t bytes() const noexcept {

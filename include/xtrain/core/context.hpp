@@ -41,7 +41,9 @@ struct Context {
   /// Records each module's forward and backward when set and recording (profile/profiler.hpp);
   /// null when no profiler is attached.
   profile::Profiler* profiler = nullptr;
-  /// Where kernels run their loops (the Backend's, backend/cpu.hpp); null: on the calling thread.
+  /// Where kernels run their loops and where buffers live (the Backend's executor,
+  /// backend/cpu.hpp). Null: on the calling thread, in host memory, with scratch allocated per
+  /// kernel call (set a backend::Serial to reuse it when calling modules yourself).
   backend::Executor* executor = nullptr;
 };
 

@@ -41,9 +41,10 @@ inline Counters& counters() noexcept {
 /// Starts a new peak measurement at the current live bytes.
 inline void reset_peak() noexcept { counters().peak = counters().live; }
 
-/// What a resource has handed out, over all threads.
+/// What a resource has handed out, over all threads. Blocks of memory::Allocator include its
+/// 64-byte header.
 struct Stats {
-  std::int64_t allocations = 0;  ///< blocks allocated so far
+  std::int64_t allocations = 0;  ///< blocks allocated since the resource was made (never decreases)
   std::int64_t live = 0;         ///< bytes of the blocks not yet freed
   std::int64_t peak = 0;         ///< the highest `live` so far
 };
@@ -62,6 +63,11 @@ class Resource : public std::enable_shared_from_this<Resource> {
   /// A block of `bytes` bytes aligned to `alignment`; throws std::bad_alloc when there is none.
   void* allocate(std::size_t bytes) {
     void* p = do_allocate(bytes);
+    if (reinterpret_cast<std::uintptr_t>(p) % alignment != 0) {
+      do_deallocate(p, bytes);
+      throw ValueError("memory resource '" + name() + "' returned a block that is not " + std::to_string(alignment) +
+                       "-byte aligned (kernels load them with aligned SIMD loads)");
+    }
     allocations_.fetch_add(1, std::memory_order_relaxed);
     const std::int64_t live =
         live_.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed) + static_cast<std::int64_t>(bytes);
@@ -184,7 +190,8 @@ struct Allocator {
   }
 };
 
-/// The resource a block of Allocator came from.
+/// The resource a block came from. Requires: `p` is the start of a block of memory::Allocator
+/// (a Tensor's data(), an AlignedVector's data()), not null.
 template <class T>
 Resource& resource_of(const T* p) noexcept {
   const auto* block = reinterpret_cast<const std::byte*>(p) - sizeof(detail::BlockHeader);

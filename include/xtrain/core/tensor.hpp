@@ -139,7 +139,7 @@ class Tensor {
   }
   /// Releases the storage (an empty tensor of shape [0]).
   void clear() noexcept {
-    storage_ = {};
+    decltype(storage_)().swap(storage_);  // (`storage_ = {}` would keep the capacity)
     shape_ = Shape{0};
   }
 

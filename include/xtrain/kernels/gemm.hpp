@@ -7,6 +7,7 @@
 /// FMAs. Scalar twin: kernels/reference/gemm.hpp.
 
 #include <algorithm>
+#include <cassert>
 #include <cstddef>
 #include <type_traits>
 
@@ -116,7 +117,8 @@ void pack_panels(bool contiguous, const S* X, std::size_t ld, std::size_t c0, st
       if constexpr (std::is_same_v<S, float> && std::is_same_v<T, float>) {
         src = line;
       } else {
-        load_rounded<T>(line, std::min(kc, max_kc), row);
+        assert(kc <= max_kc && "gemm_blocked packs blocks of at most 256");
+        load_rounded<T>(line, kc, row);
         src = row;
       }
       for (std::size_t k = 0; k < kc; ++k) panel[k * W + c] = src[k];

@@ -116,9 +116,8 @@ class BatchNorm {
   template <class T, class F>
   const Tensor<T>& through_f32(Context& ctx, const Tensor<T>& in, F&& f) {
     const backend::WorkspaceFor ws(ctx.executor);
-    Matrix& in32 = ws->tensor(0);
-    Matrix& out32 = ws->tensor(1);
-    in32.resize(in.shape());
+    Matrix& in32 = ws->tensor(0, in.shape());
+    Matrix& out32 = ws->tensor(1, in.shape());  // f gives it this shape (or none)
     kernels::to_float(in.data(), in32.data(), in.size(), ctx.executor);
     const Matrix& r = f(in32, out32);
     Tensor<T>& out = out_.get<T>();

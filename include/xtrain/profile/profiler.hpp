@@ -31,11 +31,11 @@
 
 namespace xtrain::profile {
 
-/// What an event is.
 /// The kind of the event of zeroing the gradients at the start of an accumulation window
 /// (category optimizer; PyTorch's profiler calls it Optimizer.zero_grad).
 inline constexpr const char* zero_grad_kind = "zero_grad";
 
+/// What an event is.
 enum class Category : std::uint8_t {
   step,           ///< one training (micro-)step: everything else of the step is inside it
   forward,        ///< a module's (or the loss's) forward

@@ -439,7 +439,13 @@ class Engine {
   Loss& loss() noexcept { return loss_; }
   Backend& backend() noexcept { return backend_; }
   /// Where the backend's buffers live (its executor's memory resource).
-  memory::Resource& backend_memory() noexcept { return backend_.executor()->memory(); }
+  memory::Resource& backend_memory() {
+    backend::Executor* e = backend_.executor();
+    XTRAIN_CHECK(e != nullptr, ValueError, "backend '", Backend::name,
+                 "' has no executor: Backend::executor() must not be null (backend::Serial runs kernels on the "
+                 "calling thread)");
+    return e->memory();
+  }
   /// f() with the backend's memory resource current (what it allocates is the backend's).
   template <class F>
   decltype(auto) in_backend_memory(F&& f) {
@@ -576,7 +582,10 @@ class Engine {
     correct_ = 0;
     terms_ = 0;
     for (std::size_t j = 0; j < chunks; ++j) {
-      arena_.zero_grad();
+      {
+        const auto scope = record(zero_grad_label_, profile::Category::optimizer);
+        arena_.zero_grad();
+      }
       const std::size_t begin = std::min(j * chunk, rows), end = std::min(begin + chunk, rows);
       if (end > begin) {
         Context ctx = context(true);
