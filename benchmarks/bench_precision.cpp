@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -95,15 +96,13 @@ void BM_Linear(benchmark::State& state) {
       benchmark::Counter(6e-9 * static_cast<double>(n * in * out), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// Conv2d(in, out, 3, padding 1) forward + backward on [64, in, hw, hw] images (the convbn
-// example's layers); the first layer (in == 1) computes no input gradient, as in training.
+// Forward + backward of `conv` (k x k, padding `pad`, stride 1) on [64, in, hw, hw] images; the
+// first layer (in == 1) computes no input gradient, as in training.
 template <class T>
-void BM_Conv2d(benchmark::State& state) {
-  const auto in = static_cast<std::size_t>(state.range(0)), out = static_cast<std::size_t>(state.range(1)),
-             hw = static_cast<std::size_t>(state.range(2)), n = std::size_t{64};
-  xtrain::set_seed(1);
-  nn::Conv2d conv{in, out, 3, 1, 1};
-  xtrain::Tensor<T> x({n, in, hw, hw}), dy({n, out, hw, hw});
+void run_conv(benchmark::State& state, nn::Conv2d& conv, std::size_t in, std::size_t out, std::size_t hw, std::size_t k,
+              std::size_t pad) {
+  const std::size_t n = 64, oh = hw + 2 * pad - k + 1;
+  xtrain::Tensor<T> x({n, in, hw, hw}), dy({n, out, oh, oh});
   const auto xv = random_values<T>(x.size(), 1.0f, 5), dv = random_values<T>(dy.size(), 0.01f, 6);
   std::copy(xv.begin(), xv.end(), x.data());
   std::copy(dv.begin(), dv.end(), dy.data());
@@ -116,11 +115,51 @@ void BM_Conv2d(benchmark::State& state) {
     benchmark::DoNotOptimize(conv.backward(ctx, dy).data());
   }
   const double products = ctx.input_grad ? 3.0 : 2.0;  // forward, weight gradient, input gradient
-  state.counters["GFLOPS"] = benchmark::Counter(products * 2e-9 * static_cast<double>(n * out * in * 9 * hw * hw),
+  state.counters["GFLOPS"] = benchmark::Counter(products * 2e-9 * static_cast<double>(n * out * in * k * k * oh * oh),
                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Conv2d(in, out, 3, padding 1) on 64 images of hw x hw (the convbn example's layers), the
+// algorithm Conv2d picks.
+template <class T>
+void BM_Conv2d(benchmark::State& state) {
+  const auto in = static_cast<std::size_t>(state.range(0)), out = static_cast<std::size_t>(state.range(1)),
+             hw = static_cast<std::size_t>(state.range(2));
+  xtrain::set_seed(1);
+  nn::Conv2d conv{in, out, 3, 1, 1};
+  run_conv<T>(state, conv, in, out, hw, 3, 1);
 }
 void conv_shapes(benchmark::internal::Benchmark* b) {
   b->Args({1, 32, 28})->Args({32, 32, 28})->Args({32, 64, 14})->Unit(benchmark::kMillisecond);
+}
+
+// Conv2d(in, out, k, padding pad) with each algorithm (direct 0: im2col, 1: direct): the
+// measurement behind Conv2d's automatic choice. Shapes: LeNet's two layers, the convbn example's,
+// the resnet example's 16- and 32-channel stages.
+template <class T>
+void BM_Conv2dAlgorithm(benchmark::State& state) {
+  const auto in = static_cast<std::size_t>(state.range(0)), out = static_cast<std::size_t>(state.range(1)),
+             hw = static_cast<std::size_t>(state.range(2)), k = static_cast<std::size_t>(state.range(3)),
+             pad = static_cast<std::size_t>(state.range(4));
+  xtrain::set_seed(1);
+  nn::Conv2d conv{in, out, k, 1, pad};
+  conv.set_algorithm(state.range(5) ? nn::Conv2d::Algorithm::direct : nn::Conv2d::Algorithm::im2col);
+  run_conv<T>(state, conv, in, out, hw, k, pad);
+}
+void conv_algorithm_shapes(benchmark::internal::Benchmark* b) {
+  for (const auto& s : std::vector<std::vector<std::int64_t>>{{1, 6, 28, 5, 2},
+                                                              {6, 16, 14, 5, 0},
+                                                              {1, 32, 28, 3, 1},
+                                                              {32, 32, 28, 3, 1},
+                                                              {32, 64, 14, 3, 1},
+                                                              {16, 16, 28, 3, 1},
+                                                              {32, 32, 14, 3, 1}})
+    for (std::int64_t algorithm : {0, 1}) {
+      auto args = s;
+      args.push_back(algorithm);
+      b->Args(args);
+    }
+  b->ArgNames({"in", "out", "hw", "k", "pad", "direct"})->Unit(benchmark::kMillisecond);
 }
 
 // Causal attention forward + backward (kernels/attention.hpp) over B x H heads of T positions and
@@ -255,6 +294,8 @@ BENCHMARK_TEMPLATE(BM_TrainStep, bf16)->Apply(models);
 BENCHMARK_TEMPLATE(BM_TrainStep, fp16)->Apply(models);
 BENCHMARK_TEMPLATE(BM_Conv2d, float)->Apply(conv_shapes);
 BENCHMARK_TEMPLATE(BM_Conv2d, bf16)->Apply(conv_shapes);
+BENCHMARK_TEMPLATE(BM_Conv2dAlgorithm, float)->Apply(conv_algorithm_shapes);
+BENCHMARK_TEMPLATE(BM_Conv2dAlgorithm, bf16)->Apply(conv_algorithm_shapes);
 BENCHMARK(BM_CausalAttention)->Apply(attention_shapes);
 BENCHMARK_TEMPLATE(BM_Activation, float)->Apply(activation_shapes);
 BENCHMARK_TEMPLATE(BM_Activation, bf16)->Apply(activation_shapes);

@@ -26,6 +26,7 @@ class Workspace {
     words_b,     ///< a bf16 GEMM's packed block of op(B) (pairs of bf16 as 32-bit words)
     words_a,     ///< a bf16 GEMM's packed block of op(A)
     accumulate,  ///< fp32 accumulator of a low-precision layer's GEMM (Linear)
+    planes,      ///< a direct convolution's framed fp32 planes (kernels/conv_direct.hpp)
     count
   };
 

@@ -5,20 +5,29 @@
 /// PyTorch's default initialisation (kaiming_uniform with a = sqrt(5): U(-1/sqrt(fan_in),
 /// 1/sqrt(fan_in)) for weight and bias, fan_in = in / groups * KH * KW).
 ///
-/// Each group is lowered to GEMMs through im2col (kernels/conv.hpp) on the packed GEMM of Linear:
-/// y_g[out/g, OH*OW] = W_g x col_g; dW_g += dy_g x col_g^T; dx_g = col2im(W_g^T x dy_g). Images
-/// of small planes are put side by side (about 2048 columns per GEMM: LeNet's 10 x 10 planes make
-/// one GEMM of 21 images rather than 21 tiny ones). The column matrix is rebuilt in backward
-/// rather than kept, so a layer holds one chunk's columns, not the batch's. With bf16/fp16
-/// activations the columns are 16-bit and the GEMM accumulates in fp32 (kernels/gemm_lowp.hpp:
-/// vdpbf16ps where available).
+/// Two algorithms (`Conv2d::Algorithm`), chosen per layer shape by measurement unless set:
+/// - im2col: each group is lowered to GEMMs through im2col (kernels/conv.hpp) on the packed GEMM
+///   of Linear: y_g[out/g, OH*OW] = W_g x col_g; dW_g += dy_g x col_g^T; dx_g = col2im(W_g^T x
+///   dy_g). Images of small planes are put side by side (about 2048 columns per GEMM: LeNet's 10 x
+///   10 planes make one GEMM of 21 images rather than 21 tiny ones). The column matrix is rebuilt
+///   in backward rather than kept, so a layer holds one chunk's columns, not the batch's. With
+///   bf16/fp16 activations the columns are 16-bit and the GEMM accumulates in fp32
+///   (kernels/gemm_lowp.hpp: vdpbf16ps where available).
+/// - direct (stride 1, dilation 1): the correlations of kernels/conv_direct.hpp over zero-framed
+///   fp32 copies of each image's planes, images split over the backend's threads; the weight
+///   gradient is summed over fixed blocks of 8 images, then the blocks in order, so it does not
+///   depend on the thread count. No column matrix: the automatic choice for few output channels
+///   (direct_max_outputs), where im2col's data movement costs more than its GEMM. The weight
+///   gradient is vectorised over the output channels where they fill a register or two.
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "xtrain/backend/executor.hpp"
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/memory.hpp"
@@ -27,10 +36,12 @@
 #include "xtrain/core/rng.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/conv.hpp"
+#include "xtrain/kernels/conv_direct.hpp"
 #include "xtrain/kernels/convert.hpp"
 #include "xtrain/kernels/elementwise.hpp"
 #include "xtrain/kernels/gemm.hpp"
 #include "xtrain/kernels/gemm_lowp.hpp"
+#include "xtrain/kernels/simd.hpp"
 
 namespace xtrain::layers {
 
@@ -38,6 +49,17 @@ using kernels::Size2;
 
 class Conv2d {
  public:
+  /// How the layer computes: `automatic` (the default) picks `direct` for stride 1, dilation 1
+  /// and few output channels per group (direct_max_outputs), `im2col` otherwise.
+  enum class Algorithm { automatic, im2col, direct };
+  /// The automatic choice's bound on output channels per group for the direct algorithm, by
+  /// activation type (measured: benchmarks/RESULTS.md, "Direct convolution"). fp32: two
+  /// registers of channels (32 with AVX-512), where the weight gradient's output-channel tiles
+  /// fit. bf16/fp16: 16, since the direct kernels compute in fp32 and im2col's 16-bit GEMM
+  /// (vdpbf16ps) wins on wider layers.
+  template <ActivationType T = float>
+  static constexpr std::size_t direct_max_outputs = std::is_same_v<T, float> ? 2 * simd::lanes<> : 16;
+
   /// PyTorch's positional order: `Conv2d{1, 32, 3, 1, 1}` is nn.Conv2d(1, 32, 3, stride=1,
   /// padding=1); `Conv2d{3, 6, {3, 2}}` a 3 x 2 kernel. Requires positive sizes, strides and
   /// dilations, and groups dividing both channel counts. Draws W then b from `default_generator()`.
@@ -57,6 +79,22 @@ class Conv2d {
     weight_ = Param({out_, in_ / groups_, kernel.h, kernel.w});
     if (bias) bias_ = Param({out_});
     reset_parameters(default_generator());
+  }
+
+  /// Forces an algorithm (`automatic` restores the default choice). Requires stride 1 and dilation
+  /// 1 for `direct`. Both give the same results up to rounding (the order of the sums differs).
+  Conv2d& set_algorithm(Algorithm a) {
+    XTRAIN_CHECK(a != Algorithm::direct || kernels::direct::supports(window_), ValueError, describe(),
+                 ": the direct algorithm needs stride 1 and dilation 1");
+    algorithm_ = a;
+    return *this;
+  }
+  /// The algorithm the layer runs on activations of type T (never `automatic`).
+  template <ActivationType T = float>
+  Algorithm algorithm() const noexcept {
+    if (algorithm_ != Algorithm::automatic) return algorithm_;
+    return kernels::direct::supports(window_) && out_ / groups_ <= direct_max_outputs<T> ? Algorithm::direct
+                                                                                         : Algorithm::im2col;
   }
 
   /// Re-draws W and b as PyTorch's `reset_parameters` does, from `gen`.
@@ -81,6 +119,12 @@ class Conv2d {
     const std::size_t n = x.shape(0), plane = window_.out_plane(), og = out_ / groups_, kg = fan_in();
     Tensor<T>& y = y_.get<T>();
     y.resize({n, out_, window_.oh, window_.ow});
+    x_ = &x;
+    x_type_ = activation_type_index<T>;
+    if (algorithm<T>() == Algorithm::direct) {
+      forward_direct(ctx, x, y);
+      return y;
+    }
     float* acc = accumulator<T>(y, y.size());
     const float* bias = has_bias() ? bias_.data() : nullptr;
     for_each_chunk(n, [&](std::size_t s0, std::size_t m, std::size_t ld) {
@@ -110,8 +154,6 @@ class Conv2d {
       }
     });
     if constexpr (!std::is_same_v<T, float>) kernels::from_float(acc, y.data(), y.size(), ctx.executor);
-    x_ = &x;
-    x_type_ = activation_type_index<T>;
     return y;
   }
 
@@ -131,12 +173,18 @@ class Conv2d {
     Tensor<T>& dx = dx_.get<T>();
     const bool input_grad = ctx.input_grad;
     float* dx_acc = nullptr;
-    if (input_grad) {
+    if (input_grad && algorithm<T>() == Algorithm::direct) {
+      dx.resize(x.shape());
+    } else if (input_grad) {
       dx.resize(x.shape());
       dx_acc = accumulator<T>(dx, dx.size());
       std::fill(dx_acc, dx_acc + dx.size(), 0.0f);
     } else {
       dx.resize({0});
+    }
+    if (algorithm<T>() == Algorithm::direct) {
+      backward_direct(ctx, x, dy, input_grad ? dx.data() : nullptr);
+      return dx;
     }
     const std::size_t cg = in_ / groups_;
     for_each_chunk(n, [&](std::size_t s0, std::size_t m, std::size_t ld) {
@@ -200,6 +248,95 @@ class Conv2d {
   }
 
  private:
+  // Images whose weight gradient one direct pass sums in registers; the blocks' sums are then
+  // added in order (fixed, so the result does not depend on the threads).
+  static constexpr std::size_t direct_block = 8;
+
+  // y = the direct correlation of each image, images split over the backend's threads.
+  template <class T>
+  void forward_direct(Context& ctx, const Tensor<T>& x, Tensor<T>& y) {
+    const kernels::direct::Frame f(window_, simd::lanes<>);
+    const std::size_t cg = in_ / groups_, og = out_ / groups_, kg = fan_in();
+    const float* bias = has_bias() ? bias_.data() : nullptr;
+    backend::parallel_for(ctx.executor, x.shape(0), 1, 1, [&](std::size_t begin, std::size_t end) {
+      const backend::WorkspaceFor ws(ctx.executor);
+      float* xp = ws->get<float>(backend::Workspace::Slot::planes, cg * f.x_ld + og * f.span);
+      float* grid = xp + cg * f.x_ld;
+      for (std::size_t s = begin; s < end; ++s)
+        for (std::size_t g = 0; g < groups_; ++g) {
+          kernels::direct::frame_input(x.data() + (s * in_ + g * cg) * window_.in_plane(), cg, window_, f, xp);
+          kernels::direct::correlate(xp, cg, f.x_ld, weight_.data() + g * og * kg, window_.kernel, f.wp, og,
+                                     bias ? bias + g * og : nullptr, grid, f.span, f.span);
+          for (std::size_t o = 0; o < og; ++o)
+            kernels::direct::crop(grid + o * f.span, f.wp, window_.oh, window_.ow,
+                                  y.data() + (s * out_ + g * og + o) * window_.out_plane());
+        }
+    });
+  }
+
+  // dW += the blocks' weight-gradient sums, in order; dx (when not null) = the correlation of the
+  // framed dy with the flipped kernel. Blocks of direct_block images split over the threads.
+  template <class T>
+  void backward_direct(Context& ctx, const Tensor<T>& x, const Tensor<T>& dy, T* dx) {
+    const kernels::direct::Frame f(window_, simd::lanes<>);
+    const std::size_t n = x.shape(0), cg = in_ / groups_, og = out_ / groups_, kg = fan_in(), wsize = weight_.size(),
+                      blocks = (n + direct_block - 1) / direct_block;
+    partials_.resize(blocks * wsize);
+    if (dx) {
+      flipped_.resize(wsize);
+      for (std::size_t g = 0; g < groups_; ++g)
+        kernels::direct::flip_kernel(weight_.data() + g * og * kg, og, cg, window_.kernel,
+                                     flipped_.data() + g * og * kg);
+    }
+    // The weight gradient vectorised over the output channels where a tile fits (no idle lanes or
+    // positions), else over the framed positions.
+    const std::size_t registers = kernels::direct::output_registers(og, window_.kernel),
+                      dyt_ld = registers * simd::lanes<>, plane = window_.out_plane();
+    backend::parallel_for(ctx.executor, blocks, 1, 1, [&](std::size_t begin, std::size_t end) {
+      const backend::WorkspaceFor ws(ctx.executor);
+      const std::size_t xs = cg * f.x_ld, ds = registers && !dx ? 0 : og * f.dy_ld, ts = plane * dyt_ld;
+      float* xp =
+          ws->get<float>(backend::Workspace::Slot::planes, direct_block * (xs + ds + ts) + (dx ? cg * f.dx_span : 0));
+      float* dyz = xp + direct_block * xs;
+      float* dyt = dyz + direct_block * ds;
+      float* grid = dyt + direct_block * ts;
+      for (std::size_t b = begin; b < end; ++b) {
+        const std::size_t s0 = b * direct_block, m = std::min(direct_block, n - s0);
+        float* part = partials_.data() + b * wsize;
+        std::fill(part, part + wsize, 0.0f);
+        for (std::size_t g = 0; g < groups_; ++g) {
+          for (std::size_t j = 0; j < m; ++j) {
+            const T* dyj = dy.data() + ((s0 + j) * out_ + g * og) * plane;
+            kernels::direct::frame_input(x.data() + ((s0 + j) * in_ + g * cg) * window_.in_plane(), cg, window_, f,
+                                         xp + j * xs);
+            if (ds) kernels::direct::frame_output_grad(dyj, og, window_, f, dyz + j * ds);
+            if (registers) kernels::direct::transpose_output_grad(dyj, og, plane, dyt_ld, dyt + j * ts);
+          }
+          if (registers)
+            kernels::direct::correlate_weights_by_output(dyt, og, ts, xp, cg, f.x_ld, xs, m, window_, f.wp, registers,
+                                                         part + g * og * kg);
+          else
+            kernels::direct::correlate_weights(dyz + f.lead, og, f.dy_ld, ds, xp, cg, f.x_ld, xs, m, window_.kernel,
+                                               f.wp, f.span, part + g * og * kg);
+          if (!dx) continue;
+          for (std::size_t j = 0; j < m; ++j) {
+            kernels::direct::correlate(dyz + j * ds + window_.padding.h * f.wp, og, f.dy_ld,
+                                       flipped_.data() + g * og * kg, window_.kernel, f.wp, cg, nullptr, grid,
+                                       f.dx_span, f.dx_span);
+            for (std::size_t c = 0; c < cg; ++c)
+              kernels::direct::crop(grid + c * f.dx_span + window_.padding.w, f.wp, window_.h, window_.w,
+                                    dx + ((s0 + j) * in_ + g * cg + c) * window_.in_plane());
+          }
+        }
+      }
+    });
+    float* gw = weight_.grad();
+    for (std::size_t b = 0; b < blocks; ++b) {
+      const float* part = partials_.data() + b * wsize;
+      for (std::size_t i = 0; i < wsize; ++i) gw[i] += part[i];
+    }
+  }
+
   // Calls f(first image, images, columns) for the batch in chunks: as many images side by side as
   // make about 2048 GEMM columns (small planes: one GEMM instead of many tiny ones), one image
   // when its plane alone is that wide.
@@ -277,6 +414,8 @@ class Conv2d {
   int x_type_ = 0;           // its activation_type_index
   ActivationBuffers y_, dx_;
   Buffer<float> f32_[2], dcol_, acc_;  // see buffer(); the columns' gradient; fp32 accumulator (16-bit runs)
+  Buffer<float> partials_, flipped_;   // direct: each block's weight gradient; the flipped kernel
+  Algorithm algorithm_ = Algorithm::automatic;
   Buffer<bf16> b16_[2];
   Buffer<fp16> f16_[2];
 };
