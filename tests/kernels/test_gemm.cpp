@@ -1,5 +1,6 @@
 // kernels/gemm.hpp: the SIMD GEMM against its scalar reference twin at every transposition, with
 // the default architecture and SSE2, and exactly on integers.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
@@ -67,4 +68,21 @@ TEST_CASE("GEMM of the Linear shapes is exact on integers", "[kernels][gemm]") {
   kernels::gemm(Trans::no, Trans::yes, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, C.data(), N);
   kernels::reference::gemm(Trans::no, Trans::yes, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, R.data(), N);
   REQUIRE(C == R);
+}
+
+TEST_CASE("A row of A B^T does not depend on the other rows of the product", "[kernels][gemm]") {
+  // A Linear layer's output for a sample is the same in any batch (any split over ranks or
+  // threads): the GEMM's path and each element's order of summation depend on N and K only.
+  for (const auto& [N, K] :
+       std::vector<std::array<std::size_t, 2>>{{10, 300}, {50, 300}, {10, 40}, {70, 100}, {33, 2100}}) {
+    const std::size_t M = 37;
+    const auto A = random_vector(M * K, 4), B = random_vector(N * K, 5);
+    std::vector<float> C(M * N), row(N);
+    kernels::gemm(Trans::no, Trans::yes, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, C.data(), N);
+    for (std::size_t i = 0; i < M; ++i) {
+      kernels::gemm(Trans::no, Trans::yes, 1, N, K, 1.0f, A.data() + i * K, K, B.data(), K, 0.0f, row.data(), N);
+      INFO("N=" << N << " K=" << K << " row " << i);
+      REQUIRE(std::equal(row.begin(), row.end(), C.begin() + static_cast<std::ptrdiff_t>(i * N)));
+    }
+  }
 }

@@ -15,6 +15,10 @@
 #include "xtrain/kernels/convert.hpp"
 #include "xtrain/kernels/simd.hpp"
 
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
 namespace xtrain::kernels {
 
 /// Whether an operand is used as stored or transposed.
@@ -201,40 +205,151 @@ inline void micro_kernel(std::size_t kc, const float* __restrict a, std::size_t 
     }
 }
 
+#if defined(__AVX512F__)
+/// {sum of a's lanes, of b's, of c's, of d's}. Every sum is taken in the same order whichever
+/// slot it is in (lanes l and l + 2 of each 128-bit quarter, then the pairs, then quarters 0 + 2
+/// and 1 + 3, then those two), so an element of C does not depend on the tile it falls in.
+inline __m128 sum_lanes4(__m512 a, __m512 b, __m512 c, __m512 d) noexcept {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512 q = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(q), _mm512_extractf32x8_ps(q, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/// C[0:rows, 0:cols] = alpha * A B^T + beta * C for a tile of at most 4 x 4, where A's rows and
+/// B's rows lie along K (op(A) = A, op(B) = B^T, both read in place): 4 x 4 accumulators of 16
+/// lanes of K, the last step masked, then each summed across its lanes (sum_lanes4). Rows or
+/// columns past `rows`/`cols` re-read the last one and are never stored. No packing: for a
+/// Linear layer's forward with few rows or columns, transposing an operand into panels costs
+/// as much as the products (benchmarks/RESULTS.md, "The small GEMM").
+[[gnu::always_inline]] inline void dot_tile(std::size_t K, const float* a, std::size_t lda, const float* b,
+                                            std::size_t ldb, float alpha, float beta, float* c, std::size_t ldc,
+                                            std::size_t rows, std::size_t cols) noexcept {
+  constexpr std::size_t T = 4;
+  // Four named rows of each (an array of pointers is vectorised by the compiler and then read
+  // back lane by lane at every step).
+  const float* const a0 = a;
+  const float* const a1 = a + std::min<std::size_t>(1, rows - 1) * lda;
+  const float* const a2 = a + std::min<std::size_t>(2, rows - 1) * lda;
+  const float* const a3 = a + std::min<std::size_t>(3, rows - 1) * lda;
+  const float* const b0 = b;
+  const float* const b1 = b + std::min<std::size_t>(1, cols - 1) * ldb;
+  const float* const b2 = b + std::min<std::size_t>(2, cols - 1) * ldb;
+  const float* const b3 = b + std::min<std::size_t>(3, cols - 1) * ldb;
+  __m512 acc[T][T];
+#pragma GCC unroll 4
+  for (std::size_t i = 0; i < T; ++i)
+#pragma GCC unroll 4
+    for (std::size_t j = 0; j < T; ++j) acc[i][j] = _mm512_setzero_ps();
+  const auto step = [&](__m512 av0, __m512 av1, __m512 av2, __m512 av3, __m512 bv0, __m512 bv1, __m512 bv2, __m512 bv3)
+      __attribute__((always_inline)) {
+    // Both operands in registers: left to itself the compiler folds B's loads into the FMAs,
+    // loading each of them four times, and the loop becomes bound by loads (1.35x slower).
+    asm("" : "+v"(av0), "+v"(av1), "+v"(av2), "+v"(av3), "+v"(bv0), "+v"(bv1), "+v"(bv2), "+v"(bv3));
+    const __m512 av[T] = {av0, av1, av2, av3}, bv[T] = {bv0, bv1, bv2, bv3};
+#pragma GCC unroll 4
+    for (std::size_t i = 0; i < T; ++i)
+#pragma GCC unroll 4
+      for (std::size_t j = 0; j < T; ++j) acc[i][j] = _mm512_fmadd_ps(av[i], bv[j], acc[i][j]);
+  };
+  std::size_t k = 0;
+  for (; k + 16 <= K; k += 16)
+    step(_mm512_loadu_ps(a0 + k), _mm512_loadu_ps(a1 + k), _mm512_loadu_ps(a2 + k), _mm512_loadu_ps(a3 + k),
+         _mm512_loadu_ps(b0 + k), _mm512_loadu_ps(b1 + k), _mm512_loadu_ps(b2 + k), _mm512_loadu_ps(b3 + k));
+  if (k < K) {  // the last step masked
+    const auto m = static_cast<__mmask16>((1u << (K - k)) - 1);
+    step(_mm512_maskz_loadu_ps(m, a0 + k), _mm512_maskz_loadu_ps(m, a1 + k), _mm512_maskz_loadu_ps(m, a2 + k),
+         _mm512_maskz_loadu_ps(m, a3 + k), _mm512_maskz_loadu_ps(m, b0 + k), _mm512_maskz_loadu_ps(m, b1 + k),
+         _mm512_maskz_loadu_ps(m, b2 + k), _mm512_maskz_loadu_ps(m, b3 + k));
+  }
+  // Sums of all four rows first: indexing acc by the run-time row count would keep it in memory.
+  const __m128 va = _mm_set1_ps(alpha), vb = _mm_set1_ps(beta);
+  __m128 sums[T];
+#pragma GCC unroll 4
+  for (std::size_t i = 0; i < T; ++i) sums[i] = _mm_mul_ps(va, sum_lanes4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+  for (std::size_t i = 0; i < rows; ++i) {
+    const __m128 s = sums[i];
+    float* row = c + i * ldc;
+    if (cols == T) {
+      _mm_storeu_ps(row, beta == 0.0f ? s : _mm_fmadd_ps(vb, _mm_loadu_ps(row), s));
+      continue;
+    }
+    alignas(16) float t[T];
+    _mm_store_ps(t, s);
+    for (std::size_t j = 0; j < cols; ++j) row[j] = beta == 0.0f ? t[j] : t[j] + beta * row[j];
+  }
+}
+#endif
+
+/// Whether gemm computes C = A B^T with dot_tile rather than packed panels: with AVX-512, where
+/// B is at most 128k values (512 KiB: it stays in L2 while every tile of 4 rows of A sweeps it;
+/// at 2048^3 sweeping B from memory made the product 1.6x slower than packed panels), K is at
+/// most 2048 (8 rows of it stay in L1), and either K is at least 256 (the lane sums are paid back:
+/// at K = 128 and 768 rows the packed panels are 8 % faster) or N is below the packed tile's width
+/// (whose lanes would idle). The choice depends on the product's N and K only, never on M (the
+/// batch), so splitting a batch over ranks or threads does not change it. Measured:
+/// benchmarks/RESULTS.md, "The small GEMM".
+template <class Arch>
+constexpr bool use_dot_tiles(Trans ta, Trans tb, std::size_t N, std::size_t K) noexcept {
+#if defined(__AVX512F__)
+  if constexpr (simd::lanes<Arch> == 16)
+    return ta == Trans::no && tb == Trans::yes && K <= 2048 && N * K <= (std::size_t{1} << 17) &&
+           (K >= 256 || N < GemmShape<Arch>::nr);
+#endif
+  (void)ta, (void)tb, (void)N, (void)K;
+  return false;
+}
+
 /// The BLIS loop nest: blocks of op(B) packed by `pack_b(k0, kc, j0, nc, dst)`, blocks of op(A)
 /// packed by `pack_a(i0, mc, k0, kc, dst)` or, when `a_rows` is not null, read in place (row i
-/// at a_rows + i * lda). Shared by the fp32 GEMM and the widening low-precision one. The packed
-/// blocks live in `ws` (the calling thread's workspace).
+/// at a_rows + i * lda). When `b_rows` is not null (op(B) = B, K within one block), B's whole
+/// register tiles of columns are read in place (row k at b_rows + k * ldb) and only a ragged last
+/// tile is packed: with few rows of C each packed element would serve few tiles, and the copy
+/// cost more than it saves. Every element of C is summed in the same order either way. Shared by
+/// the fp32 GEMM and the widening low-precision one. The packed blocks live in `ws` (the calling
+/// thread's workspace).
 template <class Arch, class PackB, class PackA>
 void gemm_blocked(backend::Workspace& ws, std::size_t M, std::size_t N, std::size_t K, float alpha, const float* a_rows,
-                  std::size_t lda, float beta, float* C, std::size_t ldc, PackB&& pack_b, PackA&& pack_a) {
+                  std::size_t lda, float beta, float* C, std::size_t ldc, PackB&& pack_b, PackA&& pack_a,
+                  const float* b_rows = nullptr, std::size_t ldb = 0) {
   using shape = GemmShape<Arch>;
   static_assert(shape::kc <= 256, "pack_panels converts lines of at most 256 values");
+  assert(!b_rows || K <= shape::kc);
   const std::size_t nc_max = std::min(shape::nc, (N + shape::nr - 1) / shape::nr * shape::nr);
   const std::size_t mc_max = std::min(shape::mc, (M + shape::mr - 1) / shape::mr * shape::mr);
   const std::size_t kc_max = std::min(shape::kc, K);
-  float* const bbuf = ws.get<float>(backend::Workspace::Slot::pack_b, nc_max * kc_max);
+  float* const bbuf = ws.get<float>(backend::Workspace::Slot::pack_b, (b_rows ? shape::nr : nc_max) * kc_max);
   float* const abuf = a_rows ? nullptr : ws.get<float>(backend::Workspace::Slot::pack_a, mc_max * kc_max);
 
   for (std::size_t j0 = 0; j0 < N; j0 += shape::nc) {
     const std::size_t nc = std::min(shape::nc, N - j0);
+    const std::size_t n_full = b_rows ? nc / shape::nr * shape::nr : 0;  // tiles read in place
     for (std::size_t k0 = 0; k0 < K; k0 += shape::kc) {
       const std::size_t kc = std::min(shape::kc, K - k0);
       const float beta_block = k0 == 0 ? beta : 1.0f;
-      pack_b(k0, kc, j0, nc, bbuf);
+      if (n_full < nc) pack_b(k0, kc, j0 + n_full, nc - n_full, bbuf);
       for (std::size_t i0 = 0; i0 < M; i0 += shape::mc) {
         const std::size_t mc = std::min(shape::mc, M - i0);
         if (!a_rows) pack_a(i0, mc, k0, kc, abuf);
-        for (std::size_t jr = 0; jr < nc; jr += shape::nr)
+        for (std::size_t jr = 0; jr < nc; jr += shape::nr) {
+          const bool in_place = jr < n_full;
+          const float* bp = in_place ? b_rows + k0 * ldb + j0 + jr : bbuf + (jr - n_full) * kc;
           for (std::size_t ir = 0; ir < mc; ir += shape::mr) {
             float* c = C + (i0 + ir) * ldc + j0 + jr;
             const std::size_t rows = std::min(shape::mr, mc - ir), cols = std::min(shape::nr, nc - jr);
-            if (!a_rows)
-              micro_kernel<Arch, true>(kc, abuf + ir * kc, 0, bbuf + jr * kc, alpha, beta_block, c, ldc, rows, cols);
+            const float* ap = a_rows ? a_rows + (i0 + ir) * lda + k0 : abuf + ir * kc;
+            if (a_rows && in_place)
+              micro_kernel<Arch, false, false>(kc, ap, lda, bp, alpha, beta_block, c, ldc, rows, cols, ldb);
+            else if (a_rows)
+              micro_kernel<Arch, false>(kc, ap, lda, bp, alpha, beta_block, c, ldc, rows, cols);
+            else if (in_place)
+              micro_kernel<Arch, true, false>(kc, ap, 0, bp, alpha, beta_block, c, ldc, rows, cols, ldb);
             else
-              micro_kernel<Arch, false>(kc, a_rows + (i0 + ir) * lda + k0, lda, bbuf + jr * kc, alpha, beta_block, c,
-                                        ldc, rows, cols);
+              micro_kernel<Arch, true>(kc, ap, 0, bp, alpha, beta_block, c, ldc, rows, cols);
           }
+        }
       }
     }
   }
@@ -291,11 +406,24 @@ void gemm(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float
   using shape = detail::GemmShape<Arch>;
   // The path is chosen for the whole product, so that every block of a split takes it.
   const bool one_tile_of_rows = ta == Trans::no && tb == Trans::no && M <= shape::mr && N >= shape::nr;
+  // B read in place (one block of K, at most one packed block of rows): a Linear layer's weight
+  // gradient and input gradient at small batches.
+  const bool b_in_place = tb == Trans::no && K <= shape::kc && M <= shape::mc;
+  [[maybe_unused]] const bool dot_tiles = detail::use_dot_tiles<Arch>(ta, tb, N, K);
   detail::split_gemm(executor, M, N, K, shape::mr, [&](std::size_t m0, std::size_t m1, std::size_t n0, std::size_t n1) {
     const float* a = ta == Trans::no ? A + m0 * lda : A + m0;
     const float* b = tb == Trans::no ? B + n0 : B + n0 * ldb;
     float* c = C + m0 * ldc + n0;
     const std::size_t m = m1 - m0, n = n1 - n0;
+#if defined(__AVX512F__)
+    if (dot_tiles) {
+      for (std::size_t i = 0; i < m; i += 4)
+        for (std::size_t j = 0; j < n; j += 4)
+          detail::dot_tile(K, a + i * lda, lda, b + j * ldb, ldb, alpha, beta, c + i * ldc + j, ldc,
+                           std::min<std::size_t>(4, m - i), std::min<std::size_t>(4, n - j));
+      return;
+    }
+#endif
     if (one_tile_of_rows) {
       // One tile of rows (a convolution with few output channels): each packed element of B would
       // serve one register tile, so packing B costs as much as the product. Both operands are read
@@ -315,7 +443,8 @@ void gemm(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float
         },
         [&](std::size_t i0, std::size_t mc, std::size_t k0, std::size_t kc, float* dst) {
           detail::pack_a<Arch>(ta, a, lda, i0, mc, k0, kc, dst);
-        });
+        },
+        b_in_place ? b : nullptr, ldb);
   });
 }
 
