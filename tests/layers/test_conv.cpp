@@ -4,7 +4,8 @@
 //    no torch needed here), for stride/padding/dilation/groups/depthwise/1x1 convolutions, max and
 //    average pooling with and without padding, global pooling, BatchNorm2d and both kinds of
 //    BasicBlock;
-//  - Conv2d against its scalar twin (kernels/reference/conv.hpp) on odd shapes;
+//  - (Conv2d against its scalar twin on odd shapes, and the 2 x 2 max pooling fast path, are in
+//    test_conv_kernels.cpp, which is also built for the portable -march levels);
 //  - gradcheck of every new layer; bf16/fp16 close to fp32; the errors a user meets.
 // The hidden "[.export_cnn]" test writes the example's three models, trained 2 steps, for
 // tests/torch_cnn_interop.py (ctest interop.torch_cnn_<model>).
@@ -102,57 +103,6 @@ TEST_CASE("Pooling, BatchNorm2d and BasicBlock match PyTorch", "[conv][parity]")
     REQUIRE(!b.has_downsample());
     check_against_torch(b, "cnn", "block_identity");
   }
-}
-
-TEST_CASE("Conv2d equals its scalar twin on odd shapes, with either algorithm", "[conv]") {
-  struct Case {
-    std::size_t n, c, o, h, w;
-    nn::Size2 kernel, stride, padding, dilation;
-    std::size_t groups;
-    bool bias;
-  };
-  const std::vector<Case> cases = {
-      {3, 5, 7, 11, 9, 3, 1, 1, 1, 1, true},  // odd sizes, "same" padding
-      {2, 6, 4, 10, 13, {5, 3}, {2, 3}, {2, 1}, 1, 2, true},
-      {1, 3, 9, 17, 17, 3, 2, 0, 2, 3, false},          // dilation and groups
-      {2, 8, 8, 9, 7, 3, 1, 1, 1, 8, true},             // depthwise
-      {2, 16, 33, 5, 6, 1, 1, 0, 1, 1, true},           // pointwise: no im2col
-      {2, 1, 40, 28, 28, 5, 1, 2, 1, 1, true},          // LeNet's first layer, N above the GEMM's panel
-      {1, 4, 3, 3, 3, 3, 1, 3, 1, 1, false},            // padding wider than the input
-      {19, 6, 16, 14, 14, 5, 1, 0, 1, 1, true},         // LeNet's second layer; 19 images: blocks of 8 and a rest
-      {3, 2, 21, 6, 9, {3, 4}, 1, {0, 2}, 1, 1, true},  // output channels not a multiple of a tile
-  };
-  using Algorithm = nn::Conv2d::Algorithm;
-  for (const Case& t : cases)
-    for (const Algorithm algorithm : {Algorithm::im2col, Algorithm::direct}) {
-      if (algorithm == Algorithm::direct && !(t.stride == nn::Size2{1} && t.dilation == nn::Size2{1})) continue;
-      INFO("N=" << t.n << " C=" << t.c << " O=" << t.o << " " << t.h << "x" << t.w << " k=" << t.kernel.str()
-                << " s=" << t.stride.str() << " p=" << t.padding.str() << " d=" << t.dilation.str() << " g=" << t.groups
-                << (algorithm == Algorithm::direct ? " direct" : " im2col"));
-      set_seed(5);
-      nn::Conv2d conv{t.c, t.o, t.kernel, t.stride, t.padding, t.dilation, t.groups, t.bias};
-      conv.set_algorithm(algorithm);
-      REQUIRE(conv.algorithm() == algorithm);
-      const Matrix x = random_tensor({t.n, t.c, t.h, t.w}, 9);
-      Context ctx;
-      const Matrix y = conv.forward(ctx, x);
-      kernels::Window g{t.kernel, t.stride, t.padding, t.dilation};
-      REQUIRE(g.set_input(t.h, t.w));
-      Matrix ref({t.n, t.o, g.oh, g.ow});
-      REQUIRE(y.shape() == ref.shape());
-      kernels::reference::conv2d_forward(x.data(), conv.weight().data(), t.bias ? conv.bias().data() : nullptr,
-                                         ref.data(), t.n, t.c, t.o, t.groups, g);
-      require_parity("y", y, ref);
-      const Matrix dy = random_tensor(y.shape(), 10);
-      const Matrix dx = conv.backward(ctx, dy);
-      Matrix ref_dx(x.shape());
-      std::vector<float> ref_dw(conv.weight().size()), ref_db(t.o);
-      kernels::reference::conv2d_backward(x.data(), conv.weight().data(), dy.data(), ref_dx.data(), ref_dw.data(),
-                                          t.bias ? ref_db.data() : nullptr, t.n, t.c, t.o, t.groups, g);
-      require_parity("dx", dx, ref_dx);
-      require_parity("dw", std::span<const float>(conv.weight().grads()), Matrix({ref_dw.size()}, ref_dw));
-      if (t.bias) require_parity("db", std::span<const float>(conv.bias().grads()), Matrix({t.o}, ref_db));
-    }
 }
 
 TEST_CASE("Conv2d picks the direct algorithm for few output channels at stride 1", "[conv]") {

@@ -25,7 +25,10 @@ struct Size2 {
   friend constexpr bool operator==(const Size2&, const Size2&) = default;
   /// "3" or "(3, 2)", as PyTorch prints them.
   std::string str() const {
-    return h == w ? std::to_string(h) : "(" + std::to_string(h) + ", " + std::to_string(w) + ")";
+    if (h == w) return std::to_string(h);
+    std::string s = "(";  // appended, not a chain of operator+ (which trips g++ 12's -Wstringop-overflow)
+    s.append(std::to_string(h)).append(", ").append(std::to_string(w)).append(")");
+    return s;
   }
 };
 

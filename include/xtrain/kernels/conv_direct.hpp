@@ -140,10 +140,11 @@ inline void flip_kernel(const float* w, std::size_t outs, std::size_t ins, Size2
 namespace detail {
 
 // MB output planes x NB registers of positions: acc = bias + the correlation.
+// Only kernel rows [ki0, ki1) are summed (the others read zeros for every position of the tile).
 template <std::size_t MB, std::size_t NB, class Arch>
 inline void correlate_tile(const float* x, std::size_t channels, std::size_t x_ld, const float* const* w,
-                           std::size_t kh, std::size_t kw, std::size_t wp, const float* bias,
-                           float* const* out) noexcept {
+                           std::size_t kh, std::size_t kw, std::size_t wp, const float* bias, float* const* out,
+                           std::size_t ki0, std::size_t ki1) noexcept {
   using B = simd::batch<float, Arch>;
   constexpr std::size_t L = B::size;
   B acc[MB][NB];
@@ -152,7 +153,7 @@ inline void correlate_tile(const float* x, std::size_t channels, std::size_t x_l
   const std::size_t taps = kh * kw;
   for (std::size_t c = 0; c < channels; ++c) {
     const float* xc = x + c * x_ld;
-    for (std::size_t ki = 0; ki < kh; ++ki) {
+    for (std::size_t ki = ki0; ki < ki1; ++ki) {
       const float* xr = xc + ki * wp;
       const std::size_t t0 = c * taps + ki * kw;
       for (std::size_t kj = 0; kj < kw; ++kj) {
@@ -169,18 +170,32 @@ inline void correlate_tile(const float* x, std::size_t channels, std::size_t x_l
     for (std::size_t v = 0; v < NB; ++v) acc[m][v].store_unaligned(out[m] + v * L);
 }
 
+// Kernel rows [ki0, ki1) that meet x's nonzero values [nz_begin, nz_end) for positions [p, p + n).
+inline void kernel_rows(std::size_t p, std::size_t n, std::size_t kh, std::size_t kw, std::size_t wp,
+                        std::size_t nz_begin, std::size_t nz_end, std::size_t& ki0, std::size_t& ki1) noexcept {
+  const std::size_t last = p + n + kw - 2;  // the last value kernel row 0 reads
+  ki0 = last >= nz_begin ? 0 : std::min(kh, (nz_begin - last + wp - 1) / wp);
+  ki1 = p >= nz_end ? 0 : std::min(kh, (nz_end - 1 - p) / wp + 1);
+  ki1 = std::max(ki0, ki1);
+}
+
 template <std::size_t MB, class Arch>
 void correlate_block(const float* x, std::size_t channels, std::size_t x_ld, const float* const* w, std::size_t kh,
-                     std::size_t kw, std::size_t wp, const float* bias, float* const* out, std::size_t count) noexcept {
+                     std::size_t kw, std::size_t wp, const float* bias, float* const* out, std::size_t count,
+                     std::size_t nz_begin, std::size_t nz_end) noexcept {
   constexpr std::size_t L = simd::lanes<Arch>;
   float* o[MB];
   for (std::size_t m = 0; m < MB; ++m) o[m] = out[m];
-  std::size_t p = 0;
+  std::size_t p = 0, ki0 = 0, ki1 = 0;
   for (; p + 2 * L <= count; p += 2 * L) {
-    correlate_tile<MB, 2, Arch>(x + p, channels, x_ld, w, kh, kw, wp, bias, o);
+    kernel_rows(p, 2 * L, kh, kw, wp, nz_begin, nz_end, ki0, ki1);
+    correlate_tile<MB, 2, Arch>(x + p, channels, x_ld, w, kh, kw, wp, bias, o, ki0, ki1);
     for (std::size_t m = 0; m < MB; ++m) o[m] += 2 * L;
   }
-  if (p < count) correlate_tile<MB, 1, Arch>(x + p, channels, x_ld, w, kh, kw, wp, bias, o);
+  if (p < count) {
+    kernel_rows(p, L, kh, kw, wp, nz_begin, nz_end, ki0, ki1);
+    correlate_tile<MB, 1, Arch>(x + p, channels, x_ld, w, kh, kw, wp, bias, o, ki0, ki1);
+  }
 }
 
 // MB output planes x NT kernel elements: acc[m][t] += dy[m][p] * x[p + offset[t]] over `count`
@@ -197,9 +212,13 @@ inline void weight_tile(const float* const* dy, std::size_t dy_image, const floa
     const float* xn = x + n * x_image;
     for (std::size_t p = 0; p < count; p += L) {
       B dv[MB];
-      for (std::size_t m = 0; m < MB; ++m) dv[m] = B::load_unaligned(dy[m] + n * dy_image + p);
+      for (std::size_t m = 0; m < MB; ++m) {
+        dv[m] = B::load_unaligned(dy[m] + n * dy_image + p);
+        simd::keep_in_register(dv[m]);
+      }
       for (std::size_t t = 0; t < NT; ++t) {
-        const B xv = B::load_unaligned(xn + p + offset[t]);
+        B xv = B::load_unaligned(xn + p + offset[t]);
+        simd::keep_in_register(xv);  // one load for the MB FMAs, not one each
         for (std::size_t m = 0; m < MB; ++m) acc[m][t] = xsimd::fma(dv[m], xv, acc[m][t]);
       }
     }
@@ -249,10 +268,13 @@ inline constexpr std::size_t max_block = simd::lanes<Arch> >= 16 ? 8 : 4;
 /// out[o][p] = bias[o] + sum over c < channels, ki < kh, kj < kw of w[o][c][ki][kj] *
 /// x[c][p + ki * wp + kj], for o < outs and p < count (a multiple of the register width); x's
 /// planes are x_ld apart (readable up to count + (kh - 1) * wp + kw - 1), out's out_ld apart.
-/// bias may be null.
+/// bias may be null. Where x is zero outside [nz_begin, nz_end) of each plane (a framed plane's
+/// rows of padding, a framed output gradient's frame), kernel rows that meet only zeros for a
+/// whole tile of positions are skipped (the same sums, fewer multiply-adds by zero).
 template <class Arch = simd::default_arch>
 void correlate(const float* x, std::size_t channels, std::size_t x_ld, const float* w, Size2 kernel, std::size_t wp,
-               std::size_t outs, const float* bias, float* out, std::size_t out_ld, std::size_t count) noexcept {
+               std::size_t outs, const float* bias, float* out, std::size_t out_ld, std::size_t count,
+               std::size_t nz_begin = 0, std::size_t nz_end = static_cast<std::size_t>(-1)) noexcept {
   constexpr std::size_t cap = max_block<Arch>;
   const std::size_t w_ld = channels * kernel.h * kernel.w;
   const std::size_t blocks = (outs + cap - 1) / cap, mb = (outs + blocks - 1) / blocks;
@@ -270,7 +292,8 @@ void correlate(const float* x, std::size_t channels, std::size_t x_ld, const flo
     const float* b = bias ? bias_row : nullptr;
     const auto block = [&]<std::size_t MB>() {
       if constexpr (MB <= cap)
-        detail::correlate_block<MB, Arch>(x, channels, x_ld, wr, kernel.h, kernel.w, wp, b, orow, count);
+        detail::correlate_block<MB, Arch>(x, channels, x_ld, wr, kernel.h, kernel.w, wp, b, orow, count, nz_begin,
+                                          nz_end);
     };
     switch (mb) {
       case 1:
@@ -301,15 +324,13 @@ void correlate(const float* x, std::size_t channels, std::size_t x_ld, const flo
   }
 }
 
-/// dw[o][c][ki][kj] += sum over images n < images and positions p < count of dy[n][o][p] *
-/// x[n][c][p + ki * wp + kj]: dy's planes dy_ld apart and its images dy_image apart (zero at every
-/// position that is not an output), x's planes x_ld apart and its images x_image apart; count a
-/// multiple of the register width. Each dw value is one sum in a fixed order.
-template <class Arch = simd::default_arch>
-void correlate_weights(const float* dy, std::size_t outs, std::size_t dy_ld, std::size_t dy_image, const float* x,
-                       std::size_t channels, std::size_t x_ld, std::size_t x_image, std::size_t images, Size2 kernel,
-                       std::size_t wp, std::size_t count, float* dw) noexcept {
-  constexpr std::size_t MB = simd::lanes<Arch> >= 16 ? 4 : 2, NT = simd::lanes<Arch> >= 16 ? 6 : 5;
+namespace detail {
+
+// correlate_weights with tiles of MB output planes x NT kernel elements.
+template <std::size_t MB, std::size_t NT, class Arch>
+void correlate_weights_tiled(const float* dy, std::size_t outs, std::size_t dy_ld, std::size_t dy_image, const float* x,
+                             std::size_t channels, std::size_t x_ld, std::size_t x_image, std::size_t images,
+                             Size2 kernel, std::size_t wp, std::size_t count, float* dw) noexcept {
   const std::size_t taps = kernel.h * kernel.w, w_ld = channels * taps;
   for (std::size_t o0 = 0; o0 < outs; o0 += MB)
     for (std::size_t c = 0; c < channels; ++c)
@@ -327,10 +348,41 @@ void correlate_weights(const float* dy, std::size_t outs, std::size_t dy_ld, std
           const std::size_t tap = std::min(t0 + t, taps - 1);
           offset[t] = tap / kernel.w * wp + tap % kernel.w;
         }
-        detail::weight_tile<MB, NT, Arch>(d, dy_image, x + c * x_ld, x_image, images, offset, count, row);
+        weight_tile<MB, NT, Arch>(d, dy_image, x + c * x_ld, x_image, images, offset, count, row);
         for (std::size_t m = 0; m < MB && o0 + m < outs; ++m)
           for (std::size_t t = 0; t < NT && t0 + t < taps; ++t) dw[(o0 + m) * w_ld + c * taps + t0 + t] += sums[m][t];
       }
+}
+
+}  // namespace detail
+
+/// dw[o][c][ki][kj] += sum over images n < images and positions p < count of dy[n][o][p] *
+/// x[n][c][p + ki * wp + kj]: dy's planes dy_ld apart and its images dy_image apart (zero at every
+/// position that is not an output), x's planes x_ld apart and its images x_image apart; count a
+/// multiple of the register width. Each dw value is one sum in a fixed order. Tiles of MB output
+/// planes x NT kernel elements (MB x NT accumulators, MB + 1 more registers), the shape that
+/// wastes the fewest multiply-adds on padding: 4 x 6 or 6 x 4 with 32 registers (LeNet's 6
+/// outputs of 25 taps: 6 x 4, 1.43x fewer than 4 x 6), 2 x 5 with 16.
+template <class Arch = simd::default_arch>
+void correlate_weights(const float* dy, std::size_t outs, std::size_t dy_ld, std::size_t dy_image, const float* x,
+                       std::size_t channels, std::size_t x_ld, std::size_t x_image, std::size_t images, Size2 kernel,
+                       std::size_t wp, std::size_t count, float* dw) noexcept {
+  if constexpr (simd::lanes<Arch> >= 16) {
+    const std::size_t taps = kernel.h * kernel.w;
+    const auto padded = [&](std::size_t mb, std::size_t nt) {
+      return (outs + mb - 1) / mb * mb * ((taps + nt - 1) / nt * nt);
+    };
+    if (padded(6, 4) < padded(4, 6)) {
+      detail::correlate_weights_tiled<6, 4, Arch>(dy, outs, dy_ld, dy_image, x, channels, x_ld, x_image, images, kernel,
+                                                  wp, count, dw);
+      return;
+    }
+    detail::correlate_weights_tiled<4, 6, Arch>(dy, outs, dy_ld, dy_image, x, channels, x_ld, x_image, images, kernel,
+                                                wp, count, dw);
+  } else {
+    detail::correlate_weights_tiled<2, 5, Arch>(dy, outs, dy_ld, dy_image, x, channels, x_ld, x_image, images, kernel,
+                                                wp, count, dw);
+  }
 }
 
 }  // namespace xtrain::kernels::direct
@@ -349,22 +401,39 @@ std::size_t output_registers(std::size_t outs, Size2 kernel) noexcept {
   return shape && ov <= 2 && 4 * outs >= 3 * ov * L && taps * ov <= fit ? ov : 0;
 }
 
+namespace detail {
+
+// dst[j * ld_dst + i] = src[i * ld_src + j] for i < rows, j < cols, widened or rounded from S to
+// D; 8 x 8 blocks through registers where both are fp32.
+template <class S, class D>
+void transpose(const S* src, std::size_t rows, std::size_t cols, std::size_t ld_src, D* dst,
+               std::size_t ld_dst) noexcept {
+  std::size_t r8 = 0, c8 = 0;
+#if defined(__AVX__)
+  if constexpr (std::is_same_v<S, float> && std::is_same_v<D, float>) {
+    r8 = rows / 8 * 8;
+    c8 = cols / 8 * 8;
+    for (std::size_t i = 0; i < r8; i += 8)
+      for (std::size_t j = 0; j < c8; j += 8)
+        kernels::detail::transpose8x8(src + i * ld_src + j, ld_src, dst + j * ld_dst + i, ld_dst);
+  }
+#endif
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t j = i < r8 ? c8 : 0; j < cols; ++j) {
+      if constexpr (std::is_same_v<D, float>)
+        dst[j * ld_dst + i] = widen(src[i * ld_src + j]);
+      else
+        dst[j * ld_dst + i] = narrow<D>(src[i * ld_src + j]);
+    }
+}
+
+}  // namespace detail
+
 /// Output-channel lanes: dyt[p][o] = dy[o][p] for the OH * OW positions of `channels` planes, each
 /// row `ld` values (a multiple of the register width), zero past `channels`.
 template <class T>
 void transpose_output_grad(const T* dy, std::size_t channels, std::size_t plane, std::size_t ld, float* dyt) noexcept {
-  std::size_t o8 = 0, p8 = 0;
-#if defined(__AVX__)
-  if constexpr (std::is_same_v<T, float>) {  // 8 x 8 blocks through registers
-    o8 = channels / 8 * 8;
-    p8 = plane / 8 * 8;
-    for (std::size_t o = 0; o < o8; o += 8)
-      for (std::size_t p = 0; p < p8; p += 8)
-        kernels::detail::transpose8x8(dy + o * plane + p, plane, dyt + p * ld + o, ld);
-  }
-#endif
-  for (std::size_t p = 0; p < plane; ++p)
-    for (std::size_t o = p < p8 ? o8 : 0; o < channels; ++o) dyt[p * ld + o] = widen(dy[o * plane + p]);
+  detail::transpose(dy, channels, plane, plane, dyt, ld);
   for (std::size_t p = 0; p < plane; ++p) std::fill(dyt + p * ld + channels, dyt + (p + 1) * ld, 0.0f);
 }
 
@@ -392,6 +461,136 @@ void correlate_weights_by_output(const float* dyt, std::size_t outs, std::size_t
       registers == 1 ? run.template operator()<3, 1>() : run.template operator()<3, 2>();
     for (std::size_t t = 0; t < taps; ++t)
       for (std::size_t o = 0; o < outs; ++o) dw[o * w_ld + c * taps + t] += sums[t * registers * L + o];
+  }
+}
+
+}  // namespace xtrain::kernels::direct
+
+namespace xtrain::kernels::direct {
+
+/// Registers of output channels a tile of correlate_by_output holds (1 or 2), or 0 when that
+/// forward does not pay: more than two registers, or more than a quarter of the lanes idle
+/// (LeNet's 6 outputs: correlate computes them by positions).
+template <class Arch = simd::default_arch>
+std::size_t forward_registers(std::size_t outs) noexcept {
+  constexpr std::size_t L = simd::lanes<Arch>;
+  const std::size_t ov = (outs + L - 1) / L;
+  return ov <= 2 && 4 * outs >= 3 * ov * L ? ov : 0;
+}
+
+/// w[o][c][t] -> wt[c][t][o] for `outs` x `ins` x `taps` weights, each (c, t) row `ld` values
+/// (a multiple of the register width), zero past `outs`: the weights correlate_by_output loads.
+inline void transpose_kernel(const float* w, std::size_t outs, std::size_t ins, std::size_t taps, std::size_t ld,
+                             float* wt) noexcept {
+  for (std::size_t c = 0; c < ins; ++c)
+    for (std::size_t t = 0; t < taps; ++t) {
+      float* row = wt + (c * taps + t) * ld;
+      for (std::size_t o = 0; o < outs; ++o) row[o] = w[(o * ins + c) * taps + t];
+      std::fill(row + outs, row + ld, 0.0f);
+    }
+}
+
+/// The inverse of transpose_output_grad: y[o][p] = yt[p][o] for the `plane` positions of
+/// `channels` planes (yt's rows `ld` apart), rounded to T.
+template <class T>
+void untranspose_output(const float* yt, std::size_t channels, std::size_t plane, std::size_t ld, T* y) noexcept {
+  detail::transpose(yt, plane, channels, ld, y, plane);
+}
+
+namespace detail {
+
+// P consecutive output positions of a row x OV registers of output channels: acc[p][v] = bias +
+// sum over channels c and kernel elements (ki, kj) of wt[c][ki * kw + kj][v] * x[c][p + ki * wp +
+// kj]; stored to out[p * OV * L + v * L]. One weight load per register and kernel element, one
+// broadcast per position: every multiply-add computes an output (no idle lanes, no framed
+// positions), where correlate's tiles compute the KW - 1 dead columns of each framed row.
+template <std::size_t P, std::size_t OV, class Arch>
+inline void by_output_tile(const float* x, std::size_t channels, std::size_t x_ld, const float* wt, std::size_t kh,
+                           std::size_t kw, std::size_t wp, const float* bias, float* out) noexcept {
+  using B = simd::batch<float, Arch>;
+  constexpr std::size_t L = B::size;
+  B acc[P][OV];
+#pragma GCC unroll 2
+  for (std::size_t v = 0; v < OV; ++v) {
+    const B b0 = bias ? B::load_aligned(bias + v * L) : B(0.0f);
+#pragma GCC unroll 16
+    for (std::size_t p = 0; p < P; ++p) acc[p][v] = b0;
+  }
+  for (std::size_t c = 0; c < channels; ++c) {
+    const float* xc = x + c * x_ld;
+    const float* wc = wt + c * kh * kw * OV * L;
+    for (std::size_t ki = 0; ki < kh; ++ki)
+      for (std::size_t kj = 0; kj < kw; ++kj) {
+        const float* xt = xc + ki * wp + kj;
+        B wv[OV];
+#pragma GCC unroll 2
+        for (std::size_t v = 0; v < OV; ++v) {
+          wv[v] = B::load_aligned(wc + ((ki * kw + kj) * OV + v) * L);
+          simd::keep_in_register(wv[v]);
+        }
+#pragma GCC unroll 16
+        for (std::size_t p = 0; p < P; ++p) {
+          const B xs(xt[p]);
+#pragma GCC unroll 2
+          for (std::size_t v = 0; v < OV; ++v) acc[p][v] = xsimd::fma(xs, wv[v], acc[p][v]);
+        }
+      }
+  }
+#pragma GCC unroll 16
+  for (std::size_t p = 0; p < P; ++p)
+#pragma GCC unroll 2
+    for (std::size_t v = 0; v < OV; ++v) acc[p][v].store_aligned(out + (p * OV + v) * L);
+}
+
+// Positions per tile: the accumulators and the OV weight registers fit the register file.
+template <std::size_t OV, class Arch>
+inline constexpr std::size_t by_output_positions = simd::lanes<Arch> >= 16 ? 14 : (OV == 1 ? 12 : 6);
+
+// `count` positions from x (consecutive), in tiles of by_output_positions and a few shorter ones.
+template <std::size_t OV, class Arch>
+void by_output_run(const float* x, std::size_t channels, std::size_t x_ld, const float* wt, std::size_t kh,
+                   std::size_t kw, std::size_t wp, const float* bias, float* out, std::size_t count) noexcept {
+  constexpr std::size_t full = by_output_positions<OV, Arch>, L = simd::lanes<Arch>;
+  while (count > 0) {
+    const auto tile = [&]<std::size_t P>() {
+      by_output_tile<P, OV, Arch>(x, channels, x_ld, wt, kh, kw, wp, bias, out);
+      x += P;
+      out += P * OV * L;
+      count -= P;
+    };
+    if (count >= full)
+      tile.template operator()<full>();
+    else if (count >= 10)
+      tile.template operator()<std::min<std::size_t>(10, full)>();
+    else if (count >= 7)
+      tile.template operator()<std::min<std::size_t>(7, full)>();
+    else if (count >= 4)
+      tile.template operator()<4>();
+    else if (count >= 2)
+      tile.template operator()<2>();
+    else
+      tile.template operator()<1>();
+  }
+}
+
+}  // namespace detail
+
+/// The forward of one image vectorised over the output channels: yt[r * OW + q][o] = bias[o] +
+/// sum over c, ki, kj of wt[c][ki * KW + kj][o] * x[c][(r + ki) * wp + q + kj] for the OH x OW
+/// output positions (rows of yt `registers` x lanes apart), x framed as frame_input writes it
+/// (planes x_ld apart), wt as transpose_kernel writes it, bias padded to the same width (or
+/// null). `registers` from forward_registers (not 0). Each output is one sum in a fixed order.
+template <class Arch = simd::default_arch>
+void correlate_by_output(const float* x, std::size_t channels, std::size_t x_ld, const float* wt, const Window& g,
+                         std::size_t wp, std::size_t registers, const float* bias, float* yt) noexcept {
+  const std::size_t ld = registers * simd::lanes<Arch>;
+  for (std::size_t r = 0; r < g.oh; ++r) {
+    const float* xr = x + r * wp;
+    float* out = yt + r * g.ow * ld;
+    if (registers == 1)
+      detail::by_output_run<1, Arch>(xr, channels, x_ld, wt, g.kernel.h, g.kernel.w, wp, bias, out, g.ow);
+    else
+      detail::by_output_run<2, Arch>(xr, channels, x_ld, wt, g.kernel.h, g.kernel.w, wp, bias, out, g.ow);
   }
 }
 

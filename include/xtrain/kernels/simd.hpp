@@ -27,6 +27,19 @@ constexpr const char* arch_name() noexcept {
   return Arch::name();
 }
 
+/// Keeps `v` in a register: an empty asm that the compiler must assume reads and rewrites it.
+/// Without it g++ folds a loaded vector that several FMAs use into each of them as a memory
+/// operand, loading it once per FMA, and a kernel with more loads than the core can issue per
+/// FMA runs at half speed or worse (benchmarks/RESULTS.md, "The small GEMM"). Use on vectors
+/// loaded once and used by several FMAs in an inner loop.
+template <class T, class Arch>
+inline void keep_in_register(batch<T, Arch>& v) noexcept {
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+  asm("" : "+v"(v.data));  // "v": any vector register (xmm/ymm/zmm 0-31 with AVX-512)
+#endif
+  (void)v;
+}
+
 /// Horizontal sum of a register (xsimd 8.1 spells it `hadd`; later versions `reduce_add`).
 template <class Arch>
 inline float horizontal_sum(const batch<float, Arch>& v) noexcept {

@@ -252,12 +252,18 @@ class Conv2d {
   // added in order (fixed, so the result does not depend on the threads).
   static constexpr std::size_t direct_block = 8;
 
-  // y = the direct correlation of each image, images split over the backend's threads.
+  // y = the direct correlation of each image, images split over the backend's threads: by output
+  // channels where they fill one or two registers (every multiply-add an output), else by
+  // positions of the framed planes.
   template <class T>
   void forward_direct(Context& ctx, const Tensor<T>& x, Tensor<T>& y) {
     const kernels::direct::Frame f(window_, simd::lanes<>);
     const std::size_t cg = in_ / groups_, og = out_ / groups_, kg = fan_in();
     const float* bias = has_bias() ? bias_.data() : nullptr;
+    if (const std::size_t registers = kernels::direct::forward_registers(og)) {
+      forward_by_output(ctx, x, y, f, registers);
+      return;
+    }
     backend::parallel_for(ctx.executor, x.shape(0), 1, 1, [&](std::size_t begin, std::size_t end) {
       const backend::WorkspaceFor ws(ctx.executor);
       float* xp = ws->get<float>(backend::Workspace::Slot::planes, cg * f.x_ld + og * f.span);
@@ -266,10 +272,43 @@ class Conv2d {
         for (std::size_t g = 0; g < groups_; ++g) {
           kernels::direct::frame_input(x.data() + (s * in_ + g * cg) * window_.in_plane(), cg, window_, f, xp);
           kernels::direct::correlate(xp, cg, f.x_ld, weight_.data() + g * og * kg, window_.kernel, f.wp, og,
-                                     bias ? bias + g * og : nullptr, grid, f.span, f.span);
+                                     bias ? bias + g * og : nullptr, grid, f.span, f.span, window_.padding.h * f.wp,
+                                     (window_.padding.h + window_.h) * f.wp);
           for (std::size_t o = 0; o < og; ++o)
             kernels::direct::crop(grid + o * f.span, f.wp, window_.oh, window_.ow,
                                   y.data() + (s * out_ + g * og + o) * window_.out_plane());
+        }
+    });
+  }
+
+  // forward_direct vectorised over the output channels: the weights transposed to [c][tap][o]
+  // (and the bias) padded to `registers` x lanes, each image's output positions as rows of that
+  // width, then transposed into y's planes.
+  template <class T>
+  void forward_by_output(Context& ctx, const Tensor<T>& x, Tensor<T>& y, const kernels::direct::Frame& f,
+                         std::size_t registers) {
+    const std::size_t cg = in_ / groups_, og = out_ / groups_, kg = fan_in(), taps = kg / cg,
+                      ld = registers * simd::lanes<>, plane = window_.out_plane();
+    transposed_.resize(groups_ * (cg * taps + 1) * ld);
+    float* bias_rows = transposed_.data() + groups_ * cg * taps * ld;
+    for (std::size_t g = 0; g < groups_; ++g) {
+      kernels::direct::transpose_kernel(weight_.data() + g * og * kg, og, cg, taps, ld,
+                                        transposed_.data() + g * cg * taps * ld);
+      float* b = bias_rows + g * ld;
+      std::fill(b, b + ld, 0.0f);
+      if (has_bias()) std::copy_n(bias_.data() + g * og, og, b);
+    }
+    backend::parallel_for(ctx.executor, x.shape(0), 1, 1, [&](std::size_t begin, std::size_t end) {
+      const backend::WorkspaceFor ws(ctx.executor);
+      const std::size_t framed = (cg * f.x_ld + 15) / 16 * 16;  // yt 64-byte aligned, as xp
+      float* xp = ws->get<float>(backend::Workspace::Slot::planes, framed + plane * ld);
+      float* yt = xp + framed;
+      for (std::size_t s = begin; s < end; ++s)
+        for (std::size_t g = 0; g < groups_; ++g) {
+          kernels::direct::frame_input(x.data() + (s * in_ + g * cg) * window_.in_plane(), cg, window_, f, xp);
+          kernels::direct::correlate_by_output(xp, cg, f.x_ld, transposed_.data() + g * cg * taps * ld, window_, f.wp,
+                                               registers, has_bias() ? bias_rows + g * ld : nullptr, yt);
+          kernels::direct::untranspose_output(yt, og, plane, ld, y.data() + (s * out_ + g * og) * plane);
         }
     });
   }
@@ -292,6 +331,11 @@ class Conv2d {
     // positions), else over the framed positions.
     const std::size_t registers = kernels::direct::output_registers(og, window_.kernel),
                       dyt_ld = registers * simd::lanes<>, plane = window_.out_plane();
+    // The input gradient correlates from `top` into each framed output-gradient plane, whose
+    // values are zero outside [lead, lead + (OH - 1) wp + OW): kernel rows meeting only the frame
+    // are skipped.
+    const std::size_t top = window_.padding.h * f.wp, dy_end = f.lead + (window_.oh - 1) * f.wp + window_.ow;
+    const std::size_t nonzero_begin = f.lead > top ? f.lead - top : 0, nonzero_end = dy_end > top ? dy_end - top : 0;
     backend::parallel_for(ctx.executor, blocks, 1, 1, [&](std::size_t begin, std::size_t end) {
       const backend::WorkspaceFor ws(ctx.executor);
       const std::size_t xs = cg * f.x_ld, ds = registers && !dx ? 0 : og * f.dy_ld, ts = plane * dyt_ld;
@@ -320,9 +364,8 @@ class Conv2d {
                                                f.wp, f.span, part + g * og * kg);
           if (!dx) continue;
           for (std::size_t j = 0; j < m; ++j) {
-            kernels::direct::correlate(dyz + j * ds + window_.padding.h * f.wp, og, f.dy_ld,
-                                       flipped_.data() + g * og * kg, window_.kernel, f.wp, cg, nullptr, grid,
-                                       f.dx_span, f.dx_span);
+            kernels::direct::correlate(dyz + j * ds + top, og, f.dy_ld, flipped_.data() + g * og * kg, window_.kernel,
+                                       f.wp, cg, nullptr, grid, f.dx_span, f.dx_span, nonzero_begin, nonzero_end);
             for (std::size_t c = 0; c < cg; ++c)
               kernels::direct::crop(grid + c * f.dx_span + window_.padding.w, f.wp, window_.h, window_.w,
                                     dx + ((s0 + j) * in_ + g * cg + c) * window_.in_plane());
@@ -415,6 +458,7 @@ class Conv2d {
   ActivationBuffers y_, dx_;
   Buffer<float> f32_[2], dcol_, acc_;  // see buffer(); the columns' gradient; fp32 accumulator (16-bit runs)
   Buffer<float> partials_, flipped_;   // direct: each block's weight gradient; the flipped kernel
+  Buffer<float> transposed_;           // direct by output channels: the weights [c][tap][o], then the bias
   Algorithm algorithm_ = Algorithm::automatic;
   Buffer<bf16> b16_[2];
   Buffer<fp16> f16_[2];

@@ -15,12 +15,17 @@
 #include <type_traits>
 #include <vector>
 
+#include "xtrain/backend/executor.hpp"
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/memory.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/conv.hpp"
 #include "xtrain/kernels/convert.hpp"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace xtrain::layers {
 
@@ -79,6 +84,104 @@ void check_backward(const void* x, int x_type, const Shape& dy, const Shape& exp
                expected.str());
 }
 
+#if defined(__AVX512F__)
+/// The 2 x 2 / 2 window over one pair of input rows r0, r1 = r0 + w, 16 outputs at a time:
+/// y[q] = the maximum of r0[2q], r0[2q + 1], r1[2q], r1[2q + 1] and arg[q] its index in the plane
+/// (base + offset in the pair), ties to the first in PyTorch's scan order as the scalar loop
+/// does. Returns false, having stored nothing useful, when a NaN is among the values (the caller
+/// redoes the row with the general loop, which propagates it).
+inline bool max_pool_pairs(const float* r0, std::size_t w, std::size_t ow, std::int32_t base, float* y,
+                           std::int32_t* arg) noexcept {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  const __m512i lane2 = _mm512_slli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 1);
+  const float* r1 = r0 + w;
+  for (std::size_t q0 = 0; q0 < ow; q0 += 16) {
+    const std::size_t n = std::min<std::size_t>(16, ow - q0), in = 2 * n;
+    const auto m = static_cast<__mmask16>((1u << n) - 1);
+    const auto m_lo = static_cast<__mmask16>(in >= 16 ? 0xffffu : (1u << in) - 1);
+    const auto m_hi = static_cast<__mmask16>(in > 16 ? (1u << (in - 16)) - 1 : 0u);
+    const float* p0 = r0 + 2 * q0;
+    const float* p1 = r1 + 2 * q0;
+    const __m512 lo0 = _mm512_maskz_loadu_ps(m_lo, p0), hi0 = _mm512_maskz_loadu_ps(m_hi, p0 + 16);
+    const __m512 lo1 = _mm512_maskz_loadu_ps(m_lo, p1), hi1 = _mm512_maskz_loadu_ps(m_hi, p1 + 16);
+    const __m512 a = _mm512_permutex2var_ps(lo0, even, hi0), b = _mm512_permutex2var_ps(lo0, odd, hi0);
+    const __m512 d = _mm512_permutex2var_ps(lo1, even, hi1), e = _mm512_permutex2var_ps(lo1, odd, hi1);
+    const __mmask16 nan =
+        _mm512_mask_cmp_ps_mask(m, a, b, _CMP_UNORD_Q) | _mm512_mask_cmp_ps_mask(m, d, e, _CMP_UNORD_Q);
+    if (nan) return false;
+    const __mmask16 top_right = _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ),
+                    bottom_right = _mm512_cmp_ps_mask(e, d, _CMP_GT_OQ);
+    const __m512 top = _mm512_mask_blend_ps(top_right, a, b), bottom = _mm512_mask_blend_ps(bottom_right, d, e);
+    const __mmask16 lower = _mm512_cmp_ps_mask(bottom, top, _CMP_GT_OQ);
+    _mm512_mask_storeu_ps(y + q0, m, _mm512_mask_blend_ps(lower, top, bottom));
+    const __m512i i = _mm512_add_epi32(_mm512_set1_epi32(base + 2 * static_cast<std::int32_t>(q0)), lane2);
+    const __m512i one = _mm512_set1_epi32(1), row = _mm512_set1_epi32(static_cast<std::int32_t>(w));
+    const __m512i top_i = _mm512_mask_add_epi32(i, top_right, i, one);
+    const __m512i bottom_i = _mm512_add_epi32(_mm512_mask_add_epi32(i, bottom_right, i, one), row);
+    _mm512_mask_storeu_epi32(arg + q0, m, _mm512_mask_blend_epi32(lower, top_i, bottom_i));
+  }
+  return true;
+}
+#else
+/// The 2 x 2 / 2 window over one pair of input rows r0, r1 = r0 + w: y[q] = the maximum of
+/// r0[2q], r0[2q + 1], r1[2q], r1[2q + 1] and arg[q] its index in the plane (base + offset in the
+/// pair), ties to the first in PyTorch's scan order (row 0 before row 1, left before right).
+/// Returns false when a NaN is among the values (the caller redoes the row with the general loop).
+inline bool max_pool_pairs(const float* r0, std::size_t w, std::size_t ow, std::int32_t base, float* y,
+                           std::int32_t* arg) noexcept {
+  // Branch-free (random data defeats the branch predictor): comparisons as 0/1 integers and
+  // maxss, since compilers keep conditional moves as branches.
+  const auto row = static_cast<std::int32_t>(w);
+  std::int32_t nan = 0;
+  for (std::size_t q = 0; q < ow; ++q) {
+    const std::size_t c = 2 * q;
+    const float a = r0[c], b = r0[c + 1], d = r0[w + c], e = r0[w + c + 1];
+    const auto i = static_cast<std::int32_t>(c);
+    const std::int32_t top_right = b > a, bottom_right = e > d;
+    const float top = std::max(a, b), bottom = std::max(d, e);
+    const std::int32_t top_i = i + top_right, bottom_i = row + i + bottom_right;
+    const std::int32_t lower = bottom > top;
+    y[q] = std::max(top, bottom);
+    arg[q] = base + top_i + lower * (bottom_i - top_i);
+    nan |= static_cast<std::int32_t>(a != a) | static_cast<std::int32_t>(b != b) | static_cast<std::int32_t>(d != d) |
+           static_cast<std::int32_t>(e != e);
+  }
+  return nan == 0;
+}
+#endif
+
+#if defined(__AVX512F__)
+/// The gradient of max_pool_pairs for one pair of rows: dx's two rows (2 ow values each) get dy[q]
+/// where arg[q] points and 0 elsewhere (the windows do not overlap: a store, not a sum).
+inline void max_unpool_pairs(const float* dy, const std::int32_t* arg, std::size_t w, std::size_t ow, std::int32_t base,
+                             float* dx0) noexcept {
+  const __m512i lane2 = _mm512_slli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 1);
+  const __m512i lo_idx = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i hi_idx = _mm512_add_epi32(lo_idx, _mm512_set1_epi32(8));
+  const __m512i one = _mm512_set1_epi32(1), row = _mm512_set1_epi32(static_cast<std::int32_t>(w));
+  float* dx1 = dx0 + w;
+  for (std::size_t q0 = 0; q0 < ow; q0 += 16) {
+    const std::size_t n = std::min<std::size_t>(16, ow - q0), out = 2 * n;
+    const auto m = static_cast<__mmask16>((1u << n) - 1);
+    const auto m_lo = static_cast<__mmask16>(out >= 16 ? 0xffffu : (1u << out) - 1);
+    const auto m_hi = static_cast<__mmask16>(out > 16 ? (1u << (out - 16)) - 1 : 0u);
+    const __m512 g = _mm512_maskz_loadu_ps(m, dy + q0);
+    const __m512i at = _mm512_maskz_loadu_epi32(m, arg + q0);
+    const __m512i i = _mm512_add_epi32(_mm512_set1_epi32(base + 2 * static_cast<std::int32_t>(q0)), lane2);
+    const __m512 a = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(at, i), g);
+    const __m512 b = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(at, _mm512_add_epi32(i, one)), g);
+    const __m512i i1 = _mm512_add_epi32(i, row);
+    const __m512 d = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(at, i1), g);
+    const __m512 e = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(at, _mm512_add_epi32(i1, one)), g);
+    _mm512_mask_storeu_ps(dx0 + 2 * q0, m_lo, _mm512_permutex2var_ps(a, lo_idx, b));
+    _mm512_mask_storeu_ps(dx0 + 2 * q0 + 16, m_hi, _mm512_permutex2var_ps(a, hi_idx, b));
+    _mm512_mask_storeu_ps(dx1 + 2 * q0, m_lo, _mm512_permutex2var_ps(d, lo_idx, e));
+    _mm512_mask_storeu_ps(dx1 + 2 * q0 + 16, m_hi, _mm512_permutex2var_ps(d, hi_idx, e));
+  }
+}
+#endif
+
 template <class Who>
 void check_window(const kernels::Window& w, const Who& who) {
   XTRAIN_CHECK(
@@ -100,8 +203,9 @@ class MaxPool2d {
     detail::check_window(window_, *this);
   }
 
+  /// Planes split over the backend's threads (each plane's outputs computed as on one thread).
   template <ActivationType T>
-  const Tensor<T>& forward(Context&, const Tensor<T>& x) {
+  const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
     detail::check_image(x, window_, *this);
     const std::size_t planes = x.shape(0) * x.shape(1), in = window_.in_plane(), out = window_.out_plane();
     Tensor<T>& y = y_.get<T>();
@@ -109,59 +213,9 @@ class MaxPool2d {
     argmax_.resize(y.shape());
     const float* px = wide_.input(x);
     float* py = wide_.output(y);
-    const kernels::Window& g = window_;
-    const bool pairs = g.kernel == Size2{2} && g.stride == Size2{2} && g.padding == Size2{0} && g.dilation == Size2{1};
-    for (std::size_t p = 0; p < planes; ++p) {
-      const float* xp = px + p * in;
-      float* yp = py + p * out;
-      std::int32_t* ap = argmax_.data() + p * out;
-      for (std::size_t r = 0; r < g.oh; ++r) {
-        if (pairs) {                           // the common 2 x 2 / 2 window, without the general loop's bounds checks
-          const float* r0 = xp + 2 * r * g.w;  // the window's first row; r0[g.w + j] is its second
-          // Branch-free (random data defeats the branch predictor); ties go to the first in
-          // PyTorch's scan order: row 0 before row 1, left before right.
-          const auto base = static_cast<std::int32_t>(2 * r * g.w), w = static_cast<std::int32_t>(g.w);
-          std::int32_t nan = 0;  // a NaN in the row: redone by the general loop, which propagates it
-          for (std::size_t q = 0; q < g.ow; ++q) {
-            const std::size_t c = 2 * q;
-            const float a = r0[c], b = r0[c + 1], d = r0[g.w + c], e = r0[g.w + c + 1];
-            // Comparisons as 0/1 integers and maxss: compilers keep conditional moves as branches.
-            const auto i = static_cast<std::int32_t>(c);
-            const std::int32_t top_right = b > a, bottom_right = e > d;
-            const float top = std::max(a, b), bottom = std::max(d, e);
-            const std::int32_t top_i = i + top_right, bottom_i = w + i + bottom_right;
-            const std::int32_t lower = bottom > top;
-            yp[r * g.ow + q] = std::max(top, bottom);
-            ap[r * g.ow + q] = base + top_i + lower * (bottom_i - top_i);
-            nan |= static_cast<std::int32_t>(a != a) | static_cast<std::int32_t>(b != b) |
-                   static_cast<std::int32_t>(d != d) | static_cast<std::int32_t>(e != e);
-          }
-          if (!nan) continue;
-        }
-        for (std::size_t q = 0; q < g.ow; ++q) {
-          float v = -std::numeric_limits<float>::infinity();
-          std::int32_t best = -1;
-          for (std::size_t ki = 0; ki < g.kernel.h; ++ki) {
-            const std::ptrdiff_t ih = g.input_row(r, ki);
-            if (ih < 0) continue;
-            for (std::size_t kj = 0; kj < g.kernel.w; ++kj) {
-              const std::ptrdiff_t iw = static_cast<std::ptrdiff_t>(q * g.stride.w + kj * g.dilation.w) -
-                                        static_cast<std::ptrdiff_t>(g.padding.w);
-              if (iw < 0 || iw >= static_cast<std::ptrdiff_t>(g.w)) continue;
-              const auto i =
-                  static_cast<std::int32_t>(static_cast<std::size_t>(ih) * g.w + static_cast<std::size_t>(iw));
-              const float e = xp[i];
-              if (best < 0 || e > v || e != e) {  // NaN propagates, as in PyTorch
-                v = e;
-                best = i;
-              }
-            }
-          }
-          yp[r * g.ow + q] = v;
-          ap[r * g.ow + q] = best;
-        }
-      }
-    }
+    backend::parallel_for(ctx.executor, planes, grain(in), 1, [&](std::size_t p0, std::size_t p1) {
+      for (std::size_t p = p0; p < p1; ++p) pool_plane(px + p * in, py + p * out, argmax_.data() + p * out);
+    });
     wide_.finish(y);
     x_ = &x;
     x_type_ = activation_type_index<T>;
@@ -171,21 +225,33 @@ class MaxPool2d {
 
   /// dx[argmax of each window] += dy.
   template <ActivationType T>
-  const Tensor<T>& backward(Context&, const Tensor<T>& dy) {
+  const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
     detail::check_backward<T>(x_, x_type_, dy.shape(), argmax_.shape(), *this);
     Tensor<T>& dx = dx_.get<T>();
     dx.resize(in_shape_);
     const float* pd = wide_.input(dy);
     float* pdx = wide_.output(dx);
-    std::fill(pdx, pdx + dx.size(), 0.0f);
     const std::size_t planes = in_shape_[0] * in_shape_[1], in = window_.in_plane(), out = window_.out_plane();
-    for (std::size_t p = 0; p < planes; ++p) {
-      const std::int32_t* ap = argmax_.data() + p * out;
-      float* dp = pdx + p * in;
-      const float* gp = pd + p * out;
-      for (std::size_t i = 0; i < out; ++i)
-        if (ap[i] >= 0) dp[ap[i]] += gp[i];  // -1: a (dilated) window entirely in the padding
-    }
+    [[maybe_unused]] const kernels::Window& g = window_;
+    backend::parallel_for(ctx.executor, planes, grain(in), 1, [&](std::size_t p0, std::size_t p1) {
+      for (std::size_t p = p0; p < p1; ++p) {
+        const std::int32_t* ap = argmax_.data() + p * out;
+        float* dp = pdx + p * in;
+        const float* gp = pd + p * out;
+#if defined(__AVX512F__)
+        if (pairs()) {  // every window's four gradients stored at once; the rest of the plane zero
+          if (g.w % 2 || g.h % 2) std::fill(dp, dp + in, 0.0f);
+          for (std::size_t r = 0; r < g.oh; ++r)
+            detail::max_unpool_pairs(gp + r * g.ow, ap + r * g.ow, g.w, g.ow, static_cast<std::int32_t>(2 * r * g.w),
+                                     dp + 2 * r * g.w);
+          continue;
+        }
+#endif
+        std::fill(dp, dp + in, 0.0f);
+        for (std::size_t i = 0; i < out; ++i)
+          if (ap[i] >= 0) dp[ap[i]] += gp[i];  // -1: a (dilated) window entirely in the padding
+      }
+    });
     wide_.finish(dx);
     return dx;
   }
@@ -201,6 +267,51 @@ class MaxPool2d {
   }
 
  private:
+  // The common 2 x 2 / 2 window without padding or dilation: a fast path.
+  bool pairs() const noexcept {
+    const kernels::Window& g = window_;
+    return g.kernel == Size2{2} && g.stride == Size2{2} && g.padding == Size2{0} && g.dilation == Size2{1};
+  }
+  // Planes per part of a split: about 16k input values.
+  static std::size_t grain(std::size_t plane) {
+    return std::max<std::size_t>(1, (std::size_t{1} << 14) / std::max<std::size_t>(plane, 1));
+  }
+
+  // One plane: y and the index of each window's maximum in the plane (first in PyTorch's scan
+  // order on ties; NaN propagates).
+  void pool_plane(const float* xp, float* yp, std::int32_t* ap) const noexcept {
+    const kernels::Window& g = window_;
+    const bool pairs = this->pairs();
+    for (std::size_t r = 0; r < g.oh; ++r) {
+      // The common 2 x 2 / 2 window without the general loop's bounds checks; a row with a NaN
+      // goes through the general loop, which propagates it.
+      if (pairs && detail::max_pool_pairs(xp + 2 * r * g.w, g.w, g.ow, static_cast<std::int32_t>(2 * r * g.w),
+                                          yp + r * g.ow, ap + r * g.ow))
+        continue;
+      for (std::size_t q = 0; q < g.ow; ++q) {
+        float v = -std::numeric_limits<float>::infinity();
+        std::int32_t best = -1;
+        for (std::size_t ki = 0; ki < g.kernel.h; ++ki) {
+          const std::ptrdiff_t ih = g.input_row(r, ki);
+          if (ih < 0) continue;
+          for (std::size_t kj = 0; kj < g.kernel.w; ++kj) {
+            const std::ptrdiff_t iw = static_cast<std::ptrdiff_t>(q * g.stride.w + kj * g.dilation.w) -
+                                      static_cast<std::ptrdiff_t>(g.padding.w);
+            if (iw < 0 || iw >= static_cast<std::ptrdiff_t>(g.w)) continue;
+            const auto i = static_cast<std::int32_t>(static_cast<std::size_t>(ih) * g.w + static_cast<std::size_t>(iw));
+            const float e = xp[i];
+            if (best < 0 || e > v || e != e) {  // NaN propagates, as in PyTorch
+              v = e;
+              best = i;
+            }
+          }
+        }
+        yp[r * g.ow + q] = v;
+        ap[r * g.ow + q] = best;
+      }
+    }
+  }
+
   kernels::Window window_;
   const void* x_ = nullptr;
   int x_type_ = 0;

@@ -1,0 +1,113 @@
+// The convolution and pooling kernels at this build's SIMD level (the project's default build,
+// and the x86-64-v2/v3 builds, where the direct convolution and max pooling take their AVX2, SSE
+// or scalar paths): Conv2d with either algorithm against its scalar twin
+// (kernels/reference/conv.hpp) on odd shapes, and MaxPool2d's 2 x 2 fast path against PyTorch's
+// rule, on 1 and 3 threads. Light includes: no Trainer.
+#include <cmath>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "parity.hpp"
+#include "support.hpp"
+#include "xtrain/backend/thread_pool.hpp"
+#include "xtrain/kernels/reference/conv.hpp"
+#include "xtrain/layers/conv2d.hpp"
+#include "xtrain/layers/pooling.hpp"
+
+using namespace xtrain;
+using namespace xtrain::test;
+namespace nn = xtrain::layers;
+
+TEST_CASE("Conv2d equals its scalar twin on odd shapes, with either algorithm", "[conv]") {
+  struct Case {
+    std::size_t n, c, o, h, w;
+    nn::Size2 kernel, stride, padding, dilation;
+    std::size_t groups;
+    bool bias;
+  };
+  const std::vector<Case> cases = {
+      {3, 5, 7, 11, 9, 3, 1, 1, 1, 1, true},  // odd sizes, "same" padding
+      {2, 6, 4, 10, 13, {5, 3}, {2, 3}, {2, 1}, 1, 2, true},
+      {1, 3, 9, 17, 17, 3, 2, 0, 2, 3, false},            // dilation and groups
+      {2, 8, 8, 9, 7, 3, 1, 1, 1, 8, true},               // depthwise
+      {2, 16, 33, 5, 6, 1, 1, 0, 1, 1, true},             // pointwise: no im2col
+      {2, 1, 40, 28, 28, 5, 1, 2, 1, 1, true},            // LeNet's first layer, N above the GEMM's panel
+      {1, 4, 3, 3, 3, 3, 1, 3, 1, 1, false},              // padding wider than the input
+      {19, 6, 16, 14, 14, 5, 1, 0, 1, 1, true},           // LeNet's second layer; 19 images: blocks of 8 and a rest
+      {3, 2, 21, 6, 9, {3, 4}, 1, {0, 2}, 1, 1, true},    // output channels not a multiple of a tile
+      {2, 3, 32, 9, 11, 3, 1, 1, 1, 1, true},             // forward by output channels, two registers
+      {2, 2, 24, 7, 13, {3, 5}, 1, {1, 2}, 1, 1, false},  // ... three quarters of two registers, rows of 13
+      {2, 4, 32, 6, 6, 3, 1, 1, 1, 2, true},              // ... per group (16 outputs each)
+  };
+  using Algorithm = nn::Conv2d::Algorithm;
+  for (const Case& t : cases)
+    for (const Algorithm algorithm : {Algorithm::im2col, Algorithm::direct}) {
+      if (algorithm == Algorithm::direct && !(t.stride == nn::Size2{1} && t.dilation == nn::Size2{1})) continue;
+      INFO("N=" << t.n << " C=" << t.c << " O=" << t.o << " " << t.h << "x" << t.w << " k=" << t.kernel.str()
+                << " s=" << t.stride.str() << " p=" << t.padding.str() << " d=" << t.dilation.str() << " g=" << t.groups
+                << (algorithm == Algorithm::direct ? " direct" : " im2col"));
+      set_seed(5);
+      nn::Conv2d conv{t.c, t.o, t.kernel, t.stride, t.padding, t.dilation, t.groups, t.bias};
+      conv.set_algorithm(algorithm);
+      REQUIRE(conv.algorithm() == algorithm);
+      const Matrix x = random_tensor({t.n, t.c, t.h, t.w}, 9);
+      Context ctx;
+      const Matrix y = conv.forward(ctx, x);
+      kernels::Window g{t.kernel, t.stride, t.padding, t.dilation};
+      REQUIRE(g.set_input(t.h, t.w));
+      Matrix ref({t.n, t.o, g.oh, g.ow});
+      REQUIRE(y.shape() == ref.shape());
+      kernels::reference::conv2d_forward(x.data(), conv.weight().data(), t.bias ? conv.bias().data() : nullptr,
+                                         ref.data(), t.n, t.c, t.o, t.groups, g);
+      require_parity("y", y, ref);
+      const Matrix dy = random_tensor(y.shape(), 10);
+      const Matrix dx = conv.backward(ctx, dy);
+      Matrix ref_dx(x.shape());
+      std::vector<float> ref_dw(conv.weight().size()), ref_db(t.o);
+      kernels::reference::conv2d_backward(x.data(), conv.weight().data(), dy.data(), ref_dx.data(), ref_dw.data(),
+                                          t.bias ? ref_db.data() : nullptr, t.n, t.c, t.o, t.groups, g);
+      require_parity("dx", dx, ref_dx);
+      require_parity("dw", std::span<const float>(conv.weight().grads()), Matrix({ref_dw.size()}, ref_dw));
+      if (t.bias) require_parity("db", std::span<const float>(conv.bias().grads()), Matrix({t.o}, ref_db));
+    }
+}
+
+TEST_CASE("MaxPool2d's 2 x 2 fast path picks the windows' first maximum, on any thread count", "[conv]") {
+  // PyTorch's CPU max pooling, one window at a time: the first largest value in scan order (row
+  // 0 before row 1, left before right) gets the gradient. Few distinct values make many ties.
+  const auto expected = [](const Matrix& x, const Matrix& dy, Matrix& y, Matrix& dx) {
+    const std::size_t planes = x.shape(0) * x.shape(1), h = x.shape(2), w = x.shape(3), oh = h / 2, ow = w / 2;
+    y = Matrix({x.shape(0), x.shape(1), oh, ow});
+    dx = Matrix(x.shape());
+    for (std::size_t p = 0; p < planes; ++p)
+      for (std::size_t r = 0; r < oh; ++r)
+        for (std::size_t q = 0; q < ow; ++q) {
+          std::size_t best = p * h * w + 2 * r * w + 2 * q;
+          for (std::size_t i = 0; i < 2; ++i)
+            for (std::size_t j = 0; j < 2; ++j) {
+              const std::size_t at = p * h * w + (2 * r + i) * w + 2 * q + j;
+              if (x[at] > x[best]) best = at;
+            }
+          y[(p * oh + r) * ow + q] = x[best];
+          dx[best] += dy[(p * oh + r) * ow + q];
+        }
+  };
+  for (const Shape& shape : {Shape{3, 5, 9, 7}, Shape{2, 3, 28, 28}, Shape{1, 2, 10, 34}, Shape{2, 1, 2, 2}}) {
+    Matrix x = random_tensor(shape, 21);
+    for (float& v : x) v = std::round(v * 2.0f);  // a handful of values: ties everywhere
+    const Shape out{shape[0], shape[1], shape[2] / 2, shape[3] / 2};
+    Matrix dy = random_tensor(out, 22);
+    Matrix y_ref, dx_ref;
+    expected(x, dy, y_ref, dx_ref);
+    for (const std::size_t threads : {1, 3}) {
+      INFO(shape.str() << " on " << threads << " threads");
+      backend::ThreadPool pool(threads);
+      Context ctx;
+      ctx.executor = &pool;
+      nn::MaxPool2d m{2};
+      REQUIRE(m.forward(ctx, x) == y_ref);
+      REQUIRE(m.backward(ctx, dy) == dx_ref);
+    }
+  }
+}
