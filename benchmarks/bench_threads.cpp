@@ -50,11 +50,14 @@ class OpenMPExecutor final : public xtrain::backend::Executor {
     }
     std::exception_ptr error;
     std::mutex m;
-#pragma omp parallel num_threads(static_cast <int>(parts))
+    const int team = static_cast<int>(parts);
+#pragma omp parallel num_threads(team)
     {
       const xtrain::memory::Use inner(*resource_);
-      try {
-        body(static_cast<std::size_t>(omp_get_thread_num()));
+      try {  // the team may be smaller than asked (OMP_THREAD_LIMIT): every part still runs
+        for (auto p = static_cast<std::size_t>(omp_get_thread_num()); p < parts;
+             p += static_cast<std::size_t>(omp_get_num_threads()))
+          body(p);
       } catch (...) {
         const std::lock_guard<std::mutex> lock(m);
         if (!error) error = std::current_exception();

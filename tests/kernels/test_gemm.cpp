@@ -48,6 +48,10 @@ void gemm_suite() {
     for (Trans ta : {Trans::no, Trans::yes})
       for (Trans tb : {Trans::no, Trans::yes}) check_gemm<Arch>(M, N, K, ta, tb, 1.0f, 0.0f);
   check_gemm<Arch>(31, 45, 70, Trans::no, Trans::yes, 0.5f, 1.0f);
+  check_gemm<Arch>(31, 10, 300, Trans::no, Trans::yes, 0.5f, 1.0f);  // dot tiles (AVX-512), alpha and beta
+  check_gemm<Arch>(33, 45, 300, Trans::no, Trans::yes, -1.5f, 0.25f);
+  check_gemm<Arch>(31, 45, 70, Trans::no, Trans::no, 0.5f, 1.0f);  // A and B in place
+  check_gemm<Arch>(5, 70, 600, Trans::no, Trans::no, 1.0f, 1.0f);  // one tile of rows, K in blocks
   check_gemm<Arch>(31, 45, 70, Trans::yes, Trans::no, -2.0f, 0.25f);
   check_gemm<Arch>(20, 20, 0, Trans::no, Trans::no, 1.0f, 0.5f);  // K = 0 scales C
 }
@@ -70,19 +74,20 @@ TEST_CASE("GEMM of the Linear shapes is exact on integers", "[kernels][gemm]") {
   REQUIRE(C == R);
 }
 
-TEST_CASE("A row of A B^T does not depend on the other rows of the product", "[kernels][gemm]") {
-  // A Linear layer's output for a sample is the same in any batch (any split over ranks or
-  // threads): the GEMM's path and each element's order of summation depend on N and K only.
-  for (const auto& [N, K] :
-       std::vector<std::array<std::size_t, 2>>{{10, 300}, {50, 300}, {10, 40}, {70, 100}, {33, 2100}}) {
-    const std::size_t M = 37;
-    const auto A = random_vector(M * K, 4), B = random_vector(N * K, 5);
-    std::vector<float> C(M * N), row(N);
-    kernels::gemm(Trans::no, Trans::yes, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, C.data(), N);
-    for (std::size_t i = 0; i < M; ++i) {
-      kernels::gemm(Trans::no, Trans::yes, 1, N, K, 1.0f, A.data() + i * K, K, B.data(), K, 0.0f, row.data(), N);
-      INFO("N=" << N << " K=" << K << " row " << i);
-      REQUIRE(std::equal(row.begin(), row.end(), C.begin() + static_cast<std::ptrdiff_t>(i * N)));
+TEST_CASE("A row of a Linear layer's products does not depend on the other rows", "[kernels][gemm]") {
+  // A sample's output (x W^T) and input gradient (dY W) are the same in any batch, and in any
+  // split of it over ranks or threads: each element's order of summation depends on N and K only.
+  for (const Trans tb : {Trans::yes, Trans::no})
+    for (const auto& [N, K] :
+         std::vector<std::array<std::size_t, 2>>{{10, 300}, {50, 300}, {10, 40}, {70, 100}, {33, 2100}, {64, 600}}) {
+      const std::size_t M = 37, ldb = tb == Trans::yes ? K : N;
+      const auto A = random_vector(M * K, 4), B = random_vector(N * K, 5);
+      std::vector<float> C(M * N), row(N);
+      kernels::gemm(Trans::no, tb, M, N, K, 1.0f, A.data(), K, B.data(), ldb, 0.0f, C.data(), N);
+      for (std::size_t i = 0; i < M; ++i) {
+        kernels::gemm(Trans::no, tb, 1, N, K, 1.0f, A.data() + i * K, K, B.data(), ldb, 0.0f, row.data(), N);
+        INFO("N=" << N << " K=" << K << " B transposed " << (tb == Trans::yes) << " row " << i);
+        REQUIRE(std::equal(row.begin(), row.end(), C.begin() + static_cast<std::ptrdiff_t>(i * N)));
+      }
     }
-  }
 }

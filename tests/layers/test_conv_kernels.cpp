@@ -100,7 +100,7 @@ TEST_CASE("MaxPool2d's 2 x 2 fast path picks the windows' first maximum, on any 
     Matrix dy = random_tensor(out, 22);
     Matrix y_ref, dx_ref;
     expected(x, dy, y_ref, dx_ref);
-    for (const std::size_t threads : {1, 3}) {
+    for (const std::size_t threads : {std::size_t{1}, std::size_t{3}}) {
       INFO(shape.str() << " on " << threads << " threads");
       backend::ThreadPool pool(threads);
       Context ctx;

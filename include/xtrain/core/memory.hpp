@@ -112,7 +112,7 @@ class HostResource final : public Resource {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     if (bytes >= huge_threshold) {
       void* p = ::operator new (bytes, std::align_val_t{huge_page});
-      ::madvise(p, (bytes + huge_page - 1) / huge_page * huge_page, MADV_HUGEPAGE);  // a hint: failure is harmless
+      ::madvise(p, bytes, MADV_HUGEPAGE);  // a hint: failure is harmless
       return p;
     }
 #endif

@@ -270,7 +270,9 @@ inline constexpr std::size_t max_block = simd::lanes<Arch> >= 16 ? 8 : 4;
 /// planes are x_ld apart (readable up to count + (kh - 1) * wp + kw - 1), out's out_ld apart.
 /// bias may be null. Where x is zero outside [nz_begin, nz_end) of each plane (a framed plane's
 /// rows of padding, a framed output gradient's frame), kernel rows that meet only zeros for a
-/// whole tile of positions are skipped (the same sums, fewer multiply-adds by zero).
+/// whole tile of positions are skipped: the same sums for finite weights, fewer multiply-adds by
+/// zero (an infinite or NaN weight no longer reaches the outputs whose window it meets only in
+/// the frame).
 template <class Arch = simd::default_arch>
 void correlate(const float* x, std::size_t channels, std::size_t x_ld, const float* w, Size2 kernel, std::size_t wp,
                std::size_t outs, const float* bias, float* out, std::size_t out_ld, std::size_t count,
@@ -469,8 +471,9 @@ void correlate_weights_by_output(const float* dyt, std::size_t outs, std::size_t
 namespace xtrain::kernels::direct {
 
 /// Registers of output channels a tile of correlate_by_output holds (1 or 2), or 0 when that
-/// forward does not pay: more than two registers, or more than a quarter of the lanes idle
-/// (LeNet's 6 outputs: correlate computes them by positions).
+/// forward does not pay: more than two registers, or more than a quarter of the lanes idle (with
+/// AVX-512, LeNet's 6 outputs: correlate computes them by positions; with AVX2's 8 lanes they
+/// fill one register).
 template <class Arch = simd::default_arch>
 std::size_t forward_registers(std::size_t outs) noexcept {
   constexpr std::size_t L = simd::lanes<Arch>;

@@ -214,7 +214,9 @@ inline __m128 sum_lanes4(__m512 a, __m512 b, __m512 c, __m512 d) noexcept {
   const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
   const __m512 q = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
                                  _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(q), _mm512_extractf32x8_ps(q, 1));
+  // AVX512F only (no DQ's extractf32x8): the upper half through the double view.
+  const __m256 upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(q), 1));
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(q), upper);
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
@@ -273,7 +275,7 @@ inline __m128 sum_lanes4(__m512 a, __m512 b, __m512 c, __m512 d) noexcept {
     const __m128 s = sums[i];
     float* row = c + i * ldc;
     if (cols == T) {
-      _mm_storeu_ps(row, beta == 0.0f ? s : _mm_fmadd_ps(vb, _mm_loadu_ps(row), s));
+      _mm_storeu_ps(row, beta == 0.0f ? s : _mm_add_ps(_mm_mul_ps(vb, _mm_loadu_ps(row)), s));
       continue;
     }
     alignas(16) float t[T];
@@ -286,8 +288,8 @@ inline __m128 sum_lanes4(__m512 a, __m512 b, __m512 c, __m512 d) noexcept {
 /// Whether gemm computes C = A B^T with dot_tile rather than packed panels: with AVX-512, where
 /// B is at most 128k values (512 KiB: it stays in L2 while every tile of 4 rows of A sweeps it;
 /// at 2048^3 sweeping B from memory made the product 1.6x slower than packed panels), K is at
-/// most 2048 (8 rows of it stay in L1), and either K is at least 256 (the lane sums are paid back:
-/// at K = 128 and 768 rows the packed panels are 8 % faster) or N is below the packed tile's width
+/// most 2048 (the 8 rows a tile reads, 64 KiB at most, stay in L1 or near it), and either K is at least 256 (the lane
+/// sums are paid back: at K = 128 and 768 rows the packed panels are 8 % faster) or N is below the packed tile's width
 /// (whose lanes would idle). The choice depends on the product's N and K only, never on M (the
 /// batch), so splitting a batch over ranks or threads does not change it. Measured:
 /// benchmarks/RESULTS.md, "The small GEMM".
@@ -428,9 +430,12 @@ void gemm(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float
       // One tile of rows (a convolution with few output channels): each packed element of B would
       // serve one register tile, so packing B costs as much as the product. Both operands are read
       // in place; the columns past the last whole tile go through the packed path.
+      // K in blocks of KC, C rounded after each as the packed path does: the same sums whatever M.
       const std::size_t n_full = n / shape::nr * shape::nr;
       for (std::size_t j = 0; j < n_full; j += shape::nr)
-        detail::micro_kernel<Arch, false, false>(K, a, lda, b + j, alpha, beta, c + j, ldc, m, shape::nr, ldb);
+        for (std::size_t k0 = 0; k0 < K; k0 += shape::kc)
+          detail::micro_kernel<Arch, false, false>(std::min(shape::kc, K - k0), a + k0, lda, b + k0 * ldb + j, alpha,
+                                                   k0 == 0 ? beta : 1.0f, c + j, ldc, m, shape::nr, ldb);
       if (n_full < n)
         gemm<Arch>(ta, tb, m, n - n_full, K, alpha, a, lda, b + n_full, ldb, beta, c + n_full, ldc, executor);
       return;
