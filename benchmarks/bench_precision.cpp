@@ -133,7 +133,7 @@ void conv_shapes(benchmark::internal::Benchmark* b) {
   b->Args({1, 32, 28})->Args({32, 32, 28})->Args({32, 64, 14})->Unit(benchmark::kMillisecond);
 }
 
-// Conv2d(in, out, k, padding pad) with each algorithm (direct 0: im2col, 1: direct): the
+// Conv2d(in, out, k, padding pad) with each algorithm (0: im2col, 1: direct, 2: image_lanes): the
 // measurement behind Conv2d's automatic choice. Shapes: LeNet's two layers, the convbn example's,
 // the resnet example's 16- and 32-channel stages.
 template <class T>
@@ -143,7 +143,10 @@ void BM_Conv2dAlgorithm(benchmark::State& state) {
              pad = static_cast<std::size_t>(state.range(4));
   xtrain::set_seed(1);
   nn::Conv2d conv{in, out, k, 1, pad};
-  conv.set_algorithm(state.range(5) ? nn::Conv2d::Algorithm::direct : nn::Conv2d::Algorithm::im2col);
+  using Algorithm = nn::Conv2d::Algorithm;
+  conv.set_algorithm(state.range(5) == 2 ? Algorithm::image_lanes
+                     : state.range(5)    ? Algorithm::direct
+                                         : Algorithm::im2col);
   run_conv<T>(state, conv, in, out, hw, k, pad);
 }
 void conv_algorithm_shapes(benchmark::internal::Benchmark* b) {
@@ -154,12 +157,12 @@ void conv_algorithm_shapes(benchmark::internal::Benchmark* b) {
                                                               {32, 64, 14, 3, 1},
                                                               {16, 16, 28, 3, 1},
                                                               {32, 32, 14, 3, 1}})
-    for (std::int64_t algorithm : {0, 1}) {
+    for (std::int64_t algorithm : {0, 1, 2}) {  // im2col, direct, image_lanes
       auto args = s;
       args.push_back(algorithm);
       b->Args(args);
     }
-  b->ArgNames({"in", "out", "hw", "k", "pad", "direct"})->Unit(benchmark::kMillisecond);
+  b->ArgNames({"in", "out", "hw", "k", "pad", "algorithm"})->Unit(benchmark::kMillisecond);
 }
 
 // Causal attention forward + backward (kernels/attention.hpp) over B x H heads of T positions and

@@ -105,24 +105,46 @@ TEST_CASE("Pooling, BatchNorm2d and BasicBlock match PyTorch", "[conv][parity]")
   }
 }
 
-TEST_CASE("Conv2d picks the direct algorithm for few output channels at stride 1", "[conv]") {
+TEST_CASE("Conv2d picks image_lanes for same-padded 3x3 and 5x5 kernels, direct for few output channels", "[conv]") {
   using Algorithm = nn::Conv2d::Algorithm;
-  CHECK(nn::Conv2d(1, 6, 5, 1, 2).algorithm() == Algorithm::direct);  // LeNet
-  CHECK(nn::Conv2d(6, 16, 5).algorithm<bf16>() == Algorithm::direct);
-  CHECK(nn::Conv2d(32, 64, 3, 1, 1).algorithm() == Algorithm::im2col);
-  // 32 output channels: direct in fp32 where two registers hold them (AVX-512), im2col in bf16.
-  const nn::Conv2d c32(32, 32, 3, 1, 1);
-  CHECK(c32.algorithm() == (2 * simd::lanes<> >= 32 ? Algorithm::direct : Algorithm::im2col));
+  constexpr std::size_t L = simd::lanes<>;
+  constexpr bool pairs = nn::Conv2d::image_lanes_bf16_products<bf16>;  // bf16 products (AVX512_BF16)
+  constexpr bool avx512 = L >= 16;  // the automatic choice takes image_lanes with AVX-512 only
+  const Algorithm lanes_or_im2col = avx512 ? Algorithm::image_lanes : Algorithm::im2col;
+  CHECK(nn::Conv2d(1, 6, 5, 1, 2).algorithm() == (avx512 ? Algorithm::image_lanes : Algorithm::direct));  // LeNet
+  CHECK(nn::Conv2d(6, 16, 5).algorithm() == Algorithm::direct);  // no padding: direct in fp32
+  CHECK(nn::Conv2d(6, 16, 5).algorithm<bf16>() == (pairs ? Algorithm::image_lanes : Algorithm::direct));
+  const nn::Conv2d c64(32, 64, 3, 1, 1);
+  CHECK(c64.algorithm() == lanes_or_im2col);
+  CHECK(c64.algorithm<bf16>() == lanes_or_im2col);
+  // One input channel: bf16 products would leave half of each channel pair empty.
+  CHECK(nn::Conv2d(1, 32, 3, 1, 1).algorithm<bf16>() ==
+        (avx512 && !pairs ? Algorithm::image_lanes : Algorithm::im2col));
+  CHECK_FALSE(nn::Conv2d::image_lanes_bf16_products<float>);
+  // A batch that leaves more than a fifth of the lanes idle: the per-image algorithms.
+  CHECK(c64.algorithm(L / 2) == Algorithm::im2col);
+  CHECK(c64.algorithm(L + 1) == (L > 1 ? Algorithm::im2col : Algorithm::image_lanes));
+  CHECK(nn::Conv2d(1, 6, 5, 1, 2).algorithm(L / 2) == Algorithm::direct);
+  CHECK(nn::Conv2d::image_lanes_fills(4 * L));
+  CHECK_FALSE(nn::Conv2d::image_lanes_fills(0));
+  // 32 output channels, 7 x 7 kernel: direct in fp32 where two registers hold them (AVX-512),
+  // im2col in bf16.
+  const nn::Conv2d c32(32, 32, 7, 1, 3);
+  CHECK(c32.algorithm() == (2 * L >= 32 ? Algorithm::direct : Algorithm::im2col));
   CHECK(c32.algorithm<bf16>() == Algorithm::im2col);
   CHECK(nn::Conv2d(16, 16, 3, 2, 1).algorithm() == Algorithm::im2col);  // stride 2
   nn::Conv2d conv(4, 8, 3, 1, 0, 2);                                    // dilation 2
   CHECK(conv.algorithm() == Algorithm::im2col);
   CHECK_THROWS_WITH(conv.set_algorithm(Algorithm::direct), Catch::Contains("needs stride 1 and dilation 1"));
+  CHECK_THROWS_WITH(conv.set_algorithm(Algorithm::image_lanes), Catch::Contains("a 3 x 3 or 5 x 5 kernel"));
+  CHECK_THROWS_WITH(nn::Conv2d(4, 8, 3, 1, 3).set_algorithm(Algorithm::image_lanes),
+                    Catch::Contains("padding below the kernel size"));
   nn::Conv2d wide(3, 64, 3, 1, 1);
   wide.set_algorithm(Algorithm::direct);
   CHECK(wide.algorithm() == Algorithm::direct);
   wide.set_algorithm(Algorithm::automatic);
-  CHECK(wide.algorithm() == Algorithm::im2col);
+  CHECK(wide.algorithm() == lanes_or_im2col);
+  CHECK(wide.algorithm<bf16>() == lanes_or_im2col);
 }
 
 TEST_CASE("gradcheck passes for the convolutional layers", "[conv][gradcheck]") {

@@ -3,7 +3,12 @@
 // or scalar paths): Conv2d with either algorithm against its scalar twin
 // (kernels/reference/conv.hpp) on odd shapes, and MaxPool2d's 2 x 2 fast path against PyTorch's
 // rule, on 1 and 3 threads. Light includes: no Trainer.
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -11,6 +16,7 @@
 #include "parity.hpp"
 #include "support.hpp"
 #include "xtrain/backend/thread_pool.hpp"
+#include "xtrain/kernels/convert.hpp"
 #include "xtrain/kernels/reference/conv.hpp"
 #include "xtrain/layers/conv2d.hpp"
 #include "xtrain/layers/pooling.hpp"
@@ -42,11 +48,16 @@ TEST_CASE("Conv2d equals its scalar twin on odd shapes, with either algorithm", 
   };
   using Algorithm = nn::Conv2d::Algorithm;
   for (const Case& t : cases)
-    for (const Algorithm algorithm : {Algorithm::im2col, Algorithm::direct}) {
-      if (algorithm == Algorithm::direct && !(t.stride == nn::Size2{1} && t.dilation == nn::Size2{1})) continue;
+    for (const Algorithm algorithm : {Algorithm::im2col, Algorithm::direct, Algorithm::image_lanes}) {
+      if (algorithm != Algorithm::im2col && !(t.stride == nn::Size2{1} && t.dilation == nn::Size2{1})) continue;
+      kernels::Window g{t.kernel, t.stride, t.padding, t.dilation};
+      REQUIRE(g.set_input(t.h, t.w));
+      if (algorithm == Algorithm::image_lanes && !kernels::lanes::supports(g)) continue;
       INFO("N=" << t.n << " C=" << t.c << " O=" << t.o << " " << t.h << "x" << t.w << " k=" << t.kernel.str()
                 << " s=" << t.stride.str() << " p=" << t.padding.str() << " d=" << t.dilation.str() << " g=" << t.groups
-                << (algorithm == Algorithm::direct ? " direct" : " im2col"));
+                << (algorithm == Algorithm::direct   ? " direct"
+                    : algorithm == Algorithm::im2col ? " im2col"
+                                                     : " lanes"));
       set_seed(5);
       nn::Conv2d conv{t.c, t.o, t.kernel, t.stride, t.padding, t.dilation, t.groups, t.bias};
       conv.set_algorithm(algorithm);
@@ -54,8 +65,6 @@ TEST_CASE("Conv2d equals its scalar twin on odd shapes, with either algorithm", 
       const Matrix x = random_tensor({t.n, t.c, t.h, t.w}, 9);
       Context ctx;
       const Matrix y = conv.forward(ctx, x);
-      kernels::Window g{t.kernel, t.stride, t.padding, t.dilation};
-      REQUIRE(g.set_input(t.h, t.w));
       Matrix ref({t.n, t.o, g.oh, g.ow});
       REQUIRE(y.shape() == ref.shape());
       kernels::reference::conv2d_forward(x.data(), conv.weight().data(), t.bias ? conv.bias().data() : nullptr,
@@ -71,6 +80,127 @@ TEST_CASE("Conv2d equals its scalar twin on odd shapes, with either algorithm", 
       require_parity("dw", std::span<const float>(conv.weight().grads()), Matrix({ref_dw.size()}, ref_dw));
       if (t.bias) require_parity("db", std::span<const float>(conv.bias().grads()), Matrix({t.o}, ref_db));
     }
+}
+
+TEST_CASE("Conv2d's image_lanes in bf16 stays within bf16 rounding of the scalar twin", "[conv][precision]") {
+  // bf16 activations: with AVX512_BF16 the forward and the input gradient multiply in bf16
+  // (vdpbf16ps on channel pairs, the weights rounded to bf16), and the weight gradient on pairs
+  // of output columns; elsewhere in fp32. Odd channel counts and odd output widths leave a pair
+  // half empty.
+  struct Case {
+    std::size_t n, c, o, hw, k, pad, groups;
+  };
+  for (const Case& t : {Case{19, 3, 5, 9, 3, 1, 1}, Case{16, 6, 16, 14, 5, 2, 1}, Case{17, 4, 6, 7, 3, 1, 2},
+                        Case{3, 1, 4, 6, 5, 2, 1}}) {
+    INFO("N=" << t.n << " C=" << t.c << " O=" << t.o << " " << t.hw << "x" << t.hw << " k=" << t.k << " p=" << t.pad
+              << " g=" << t.groups);
+    set_seed(6);
+    nn::Conv2d conv{t.c, t.o, t.k, 1, t.pad, 1, t.groups};
+    conv.set_algorithm(nn::Conv2d::Algorithm::image_lanes);
+    const Matrix xf = random_tensor({t.n, t.c, t.hw, t.hw}, 15);
+    Tensor<bf16> x(xf.shape());
+    kernels::from_float(xf.data(), x.data(), x.size());
+    Matrix xr(x.shape());  // the rounded input, which the reference sees
+    kernels::to_float(x.data(), xr.data(), x.size());
+    Context ctx;
+    const Tensor<bf16>& y = conv.forward(ctx, x);
+    kernels::Window g{t.k, 1, t.pad, 1};
+    REQUIRE(g.set_input(t.hw, t.hw));
+    Matrix ref({t.n, t.o, g.oh, g.ow});
+    REQUIRE(y.shape() == ref.shape());
+    kernels::reference::conv2d_forward(xr.data(), conv.weight().data(), conv.bias().data(), ref.data(), t.n, t.c, t.o,
+                                       t.groups, g);
+    const auto close = [](const std::string& name, const float* ours, const Matrix& expected, float tolerance) {
+      float scale = 0, diff = 0;
+      for (std::size_t i = 0; i < expected.size(); ++i) {
+        scale = std::max(scale, std::abs(expected[i]));
+        diff = std::max(diff, std::abs(ours[i] - expected[i]));
+      }
+      INFO(name << ": max |diff| " << diff << " of max " << scale);
+      REQUIRE(scale > 0.0f);
+      REQUIRE(diff <= tolerance * scale);
+    };
+    Matrix yw(y.shape());
+    kernels::to_float(y.data(), yw.data(), y.size());
+    close("y", yw.data(), ref, 0.02f);  // bf16 output and weights: 8 significant bits
+    const Matrix dyf = random_tensor(y.shape(), 16);
+    Tensor<bf16> dy(dyf.shape());
+    kernels::from_float(dyf.data(), dy.data(), dy.size());
+    Matrix dyr(dy.shape());
+    kernels::to_float(dy.data(), dyr.data(), dy.size());
+    const Tensor<bf16>& dx = conv.backward(ctx, dy);
+    Matrix ref_dx(x.shape());
+    std::vector<float> ref_dw(conv.weight().size()), ref_db(t.o);
+    kernels::reference::conv2d_backward(xr.data(), conv.weight().data(), dyr.data(), ref_dx.data(), ref_dw.data(),
+                                        ref_db.data(), t.n, t.c, t.o, t.groups, g);
+    Matrix dxw(dx.shape());
+    kernels::to_float(dx.data(), dxw.data(), dx.size());
+    close("dx", dxw.data(), ref_dx, 0.02f);
+    // Products of bf16 inputs are exact in fp32: only the sums' order differs.
+    close("dw", conv.weight().grads().data(), Matrix({ref_dw.size()}, ref_dw), 1e-5f);
+  }
+}
+
+TEST_CASE("Conv2d's image_lanes gives bitwise the same results on 1 and 3 threads", "[conv]") {
+  // 37 images: groups of 16, 16 and 5, whose weight-gradient partials are added in order.
+  for (const bool bf16_activations : {false, true}) {
+    INFO((bf16_activations ? "bf16" : "fp32"));
+    const Matrix x = random_tensor({37, 4, 9, 9}, 18);
+    std::vector<std::vector<float>> y, dx, dw;
+    for (const std::size_t threads : {std::size_t{1}, std::size_t{3}}) {
+      set_seed(7);
+      nn::Conv2d conv{4, 6, 3, 1, 1};
+      conv.set_algorithm(nn::Conv2d::Algorithm::image_lanes);
+      backend::ThreadPool pool(threads);
+      Context ctx;
+      ctx.executor = &pool;
+      const auto run = [&]<class T>(const Tensor<T>& in) {
+        const Tensor<T>& out = conv.forward(ctx, in);
+        Tensor<T> dy(out.shape());
+        const Matrix dyf = random_tensor(out.shape(), 19);
+        kernels::from_float(dyf.data(), dy.data(), dy.size());
+        const Tensor<T>& grad = conv.backward(ctx, dy);
+        y.emplace_back(out.size());
+        dx.emplace_back(grad.size());
+        kernels::to_float(out.data(), y.back().data(), out.size());
+        kernels::to_float(grad.data(), dx.back().data(), grad.size());
+      };
+      if (bf16_activations) {
+        Tensor<bf16> x16(x.shape());
+        kernels::from_float(x.data(), x16.data(), x.size());
+        run(x16);
+      } else {
+        run(x);
+      }
+      dw.emplace_back(conv.weight().grads().begin(), conv.weight().grads().end());
+    }
+    REQUIRE(y[0] == y[1]);
+    REQUIRE(dx[0] == dx[1]);
+    REQUIRE(dw[0] == dw[1]);
+  }
+}
+
+TEST_CASE("The convolutions' bf16 transposes widen and round exactly as one value at a time", "[conv][precision]") {
+  // 8 x 8 blocks through registers (AVX-512) and a scalar rest: 19 x 13 has both.
+  const std::size_t rows = 19, cols = 13, ld_src = 15, ld_dst = 21;
+  const Matrix values = random_tensor({rows * ld_src}, 17);
+  std::vector<float> src(values.data(), values.data() + values.size());
+  src[3] = std::numeric_limits<float>::quiet_NaN();
+  src[20] = 1.00390625f;  // halfway between two bf16: rounds to even
+  std::vector<bf16> src16(src.size());
+  for (std::size_t i = 0; i < src.size(); ++i) src16[i] = bf16(src[i]);
+  std::vector<float> wide(cols * ld_dst, -1.0f);
+  std::vector<bf16> narrow(cols * ld_dst, bf16(-1.0f));
+  kernels::direct::detail::transpose(src16.data(), rows, cols, ld_src, wide.data(), ld_dst);
+  kernels::direct::detail::transpose(src.data(), rows, cols, ld_src, narrow.data(), ld_dst);
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t j = 0; j < cols; ++j) {
+      INFO("row " << i << ", column " << j);
+      const float expected = static_cast<float>(src16[i * ld_src + j]);
+      REQUIRE(std::bit_cast<std::uint32_t>(wide[j * ld_dst + i]) == std::bit_cast<std::uint32_t>(expected));
+      REQUIRE(narrow[j * ld_dst + i].bits == src16[i * ld_src + j].bits);
+    }
+  REQUIRE(wide[rows] == -1.0f);  // nothing past the rows written
 }
 
 TEST_CASE("MaxPool2d's 2 x 2 fast path picks the windows' first maximum, on any thread count", "[conv]") {

@@ -40,6 +40,19 @@ inline void keep_in_register(batch<T, Arch>& v) noexcept {
   (void)v;
 }
 
+/// Hides where `p` points from the optimiser: an empty asm that the compiler must assume rewrites
+/// it. Loads through it in one iteration of a loop are then not recognised as the loads of the
+/// previous iteration shifted by a stride, which g++'s predictive commoning (-O3) otherwise keeps
+/// in registers from one iteration to the next: in a tile that already holds 25 accumulators that
+/// spills them to the stack on every iteration.
+template <class T>
+inline void opaque(const T*& p) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+  asm("" : "+r"(p));
+#endif
+  (void)p;
+}
+
 /// Horizontal sum of a register (xsimd 8.1 spells it `hadd`; later versions `reduce_add`).
 template <class Arch>
 inline float horizontal_sum(const batch<float, Arch>& v) noexcept {

@@ -5,7 +5,8 @@
 /// PyTorch's default initialisation (kaiming_uniform with a = sqrt(5): U(-1/sqrt(fan_in),
 /// 1/sqrt(fan_in)) for weight and bias, fan_in = in / groups * KH * KW).
 ///
-/// Two algorithms (`Conv2d::Algorithm`), chosen per layer shape by measurement unless set:
+/// Three algorithms (`Conv2d::Algorithm`), chosen per layer shape and batch size by measurement
+/// unless set:
 /// - im2col: each group is lowered to GEMMs through im2col (kernels/conv.hpp) on the packed GEMM
 ///   of Linear: y_g[out/g, OH*OW] = W_g x col_g; dW_g += dy_g x col_g^T; dx_g = col2im(W_g^T x
 ///   dy_g). Images of small planes are put side by side (about 2048 columns per GEMM: LeNet's 10 x
@@ -19,6 +20,12 @@
 ///   depend on the thread count. No column matrix: the automatic choice for few output channels
 ///   (direct_max_outputs), where im2col's data movement costs more than its GEMM. The weight
 ///   gradient is vectorised over the output channels where they fill a register or two.
+/// - image_lanes (stride 1, dilation 1, 3 x 3 or 5 x 5 kernels): kernels/conv_lanes.hpp, 16
+///   images at once (AVX-512), one per SIMD lane, so no lane is idle whatever the channel counts;
+///   in bf16 with AVX512_BF16 the products are bf16 (vdpbf16ps on channel or column pairs). The
+///   automatic choice for "same" padding (fp32) or two or more input channels per group (bf16
+///   products) when the batch fills the lanes (image_lanes_fills). Each group of 16 images
+///   writes its own weight-gradient partial, added in order: thread-count invariant.
 
 #include <algorithm>
 #include <cmath>
@@ -37,6 +44,7 @@
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/conv.hpp"
 #include "xtrain/kernels/conv_direct.hpp"
+#include "xtrain/kernels/conv_lanes.hpp"
 #include "xtrain/kernels/convert.hpp"
 #include "xtrain/kernels/elementwise.hpp"
 #include "xtrain/kernels/gemm.hpp"
@@ -49,9 +57,17 @@ using kernels::Size2;
 
 class Conv2d {
  public:
-  /// How the layer computes: `automatic` (the default) picks `direct` for stride 1, dilation 1
-  /// and few output channels per group (direct_max_outputs), `im2col` otherwise.
-  enum class Algorithm { automatic, im2col, direct };
+  /// How the layer computes: `automatic` (the default) picks `image_lanes` with AVX-512 for
+  /// stride 1, dilation 1, a 3 x 3 or 5 x 5 kernel and a batch that fills the SIMD registers' lanes
+  /// (image_lanes_fills), with "same" padding for fp32 products or two or more input channels per
+  /// group for bf16 products (image_lanes_bf16_products); then `direct` for stride 1, dilation 1
+  /// and few output channels per group (direct_max_outputs); `im2col` otherwise:
+  ///  - `im2col`: the patches unrolled into columns and one GEMM per product (kernels/conv.hpp);
+  ///  - `direct`: a direct convolution vectorised over an image's positions or output channels
+  ///    (kernels/conv_direct.hpp);
+  ///  - `image_lanes`: a direct convolution of L images at once, one per SIMD lane
+  ///    (kernels/conv_lanes.hpp), L = 16 with AVX-512.
+  enum class Algorithm { automatic, im2col, direct, image_lanes };
   /// The automatic choice's bound on output channels per group for the direct algorithm, by
   /// activation type (measured: benchmarks/RESULTS.md, "Direct convolution"). fp32: two
   /// registers of channels (32 with AVX-512), where the weight gradient's output-channel tiles
@@ -59,6 +75,22 @@ class Conv2d {
   /// (vdpbf16ps) wins on wider layers.
   template <ActivationType T = float>
   static constexpr std::size_t direct_max_outputs = std::is_same_v<T, float> ? 2 * simd::lanes<> : 16;
+  /// Whether image_lanes multiplies in bf16 for activations of type T (vdpbf16ps on pairs of
+  /// channels or columns: bf16 where the target has AVX512_BF16); otherwise it computes in fp32.
+  template <ActivationType T = float>
+  static constexpr bool image_lanes_bf16_products = [] {
+#if XTRAIN_HAS_AVX512_BF16
+    return std::is_same_v<T, bf16> && simd::lanes<> == 16;
+#else
+    return false;
+#endif
+  }();
+  /// Whether a batch of `batch` images keeps at least 80 % of image_lanes' lanes busy (the last
+  /// group of L images may be partly empty).
+  static constexpr bool image_lanes_fills(std::size_t batch) noexcept {
+    const std::size_t lanes = simd::lanes<>, used = (batch + lanes - 1) / lanes * lanes;
+    return batch > 0 && 5 * batch >= 4 * used;
+  }
 
   /// PyTorch's positional order: `Conv2d{1, 32, 3, 1, 1}` is nn.Conv2d(1, 32, 3, stride=1,
   /// padding=1); `Conv2d{3, 6, {3, 2}}` a 3 x 2 kernel. Requires positive sizes, strides and
@@ -82,17 +114,29 @@ class Conv2d {
   }
 
   /// Forces an algorithm (`automatic` restores the default choice). Requires stride 1 and dilation
-  /// 1 for `direct`. Both give the same results up to rounding (the order of the sums differs).
+  /// 1 for `direct`, and also a 3 x 3 or 5 x 5 kernel with padding below it for `image_lanes`. All
+  /// give the same results up to rounding (the order of the sums differs).
   Conv2d& set_algorithm(Algorithm a) {
     XTRAIN_CHECK(a != Algorithm::direct || kernels::direct::supports(window_), ValueError, describe(),
                  ": the direct algorithm needs stride 1 and dilation 1");
+    XTRAIN_CHECK(a != Algorithm::image_lanes || kernels::lanes::supports(window_), ValueError, describe(),
+                 ": the image_lanes algorithm needs stride 1, dilation 1, a 3 x 3 or 5 x 5 kernel and padding below "
+                 "the kernel size");
     algorithm_ = a;
     return *this;
   }
-  /// The algorithm the layer runs on activations of type T (never `automatic`).
+  /// The algorithm the layer runs on a batch of `batch` images of type T (never `automatic`).
   template <ActivationType T = float>
-  Algorithm algorithm() const noexcept {
+  Algorithm algorithm(std::size_t batch = 64) const noexcept {
     if (algorithm_ != Algorithm::automatic) return algorithm_;
+    // fp32 products: "same" padding (otherwise the input gradient's frame is mostly zeros); bf16
+    // products: pairs of input channels to fill (a single channel leaves half of each pair empty).
+    const bool same =
+        window_.padding.h == (window_.kernel.h - 1) / 2 && window_.padding.w == (window_.kernel.w - 1) / 2;
+    // Measured with AVX-512 only: with 8 or 4 lanes (16 registers) the 5 x 5 weight tile spills.
+    const bool shape_fits = image_lanes_bf16_products<T> ? in_ / groups_ >= 2 : same;
+    if (simd::lanes<> >= 16 && kernels::lanes::supports(window_) && shape_fits && image_lanes_fills(batch))
+      return Algorithm::image_lanes;
     return kernels::direct::supports(window_) && out_ / groups_ <= direct_max_outputs<T> ? Algorithm::direct
                                                                                          : Algorithm::im2col;
   }
@@ -121,8 +165,12 @@ class Conv2d {
     y.resize({n, out_, window_.oh, window_.ow});
     x_ = &x;
     x_type_ = activation_type_index<T>;
-    if (algorithm<T>() == Algorithm::direct) {
+    if (algorithm<T>(n) == Algorithm::direct) {
       forward_direct(ctx, x, y);
+      return y;
+    }
+    if (algorithm<T>(n) == Algorithm::image_lanes) {
+      forward_lanes(ctx, x, y);
       return y;
     }
     float* acc = accumulator<T>(y, y.size());
@@ -173,7 +221,7 @@ class Conv2d {
     Tensor<T>& dx = dx_.get<T>();
     const bool input_grad = ctx.input_grad;
     float* dx_acc = nullptr;
-    if (input_grad && algorithm<T>() == Algorithm::direct) {
+    if (input_grad && (algorithm<T>(n) == Algorithm::direct || algorithm<T>(n) == Algorithm::image_lanes)) {
       dx.resize(x.shape());
     } else if (input_grad) {
       dx.resize(x.shape());
@@ -182,8 +230,12 @@ class Conv2d {
     } else {
       dx.resize({0});
     }
-    if (algorithm<T>() == Algorithm::direct) {
+    if (algorithm<T>(n) == Algorithm::direct) {
       backward_direct(ctx, x, dy, input_grad ? dx.data() : nullptr);
+      return dx;
+    }
+    if (algorithm<T>(n) == Algorithm::image_lanes) {
+      backward_lanes(ctx, x, dy, input_grad ? dx.data() : nullptr);
       return dx;
     }
     const std::size_t cg = in_ / groups_;
@@ -313,6 +365,137 @@ class Conv2d {
     });
   }
 
+  // The image_lanes weights of each group paired over `channels` (lanes::pairs::pack_weights)
+  // into pair_weights_; from w [groups][outs][channels][taps].
+  void pack_pair_weights([[maybe_unused]] const float* w, [[maybe_unused]] std::size_t outs,
+                         [[maybe_unused]] std::size_t channels) {
+#if XTRAIN_HAS_AVX512_BF16
+    const std::size_t taps = window_.kernel.h * window_.kernel.w, per_group = outs * ((channels + 1) / 2) * taps;
+    pair_weights_.resize(groups_ * per_group);
+    for (std::size_t g = 0; g < groups_; ++g)
+      kernels::lanes::pairs::pack_weights(w + g * outs * channels * taps, outs, channels, taps,
+                                          pair_weights_.data() + g * per_group);
+#endif
+  }
+
+  // y[outs planes] = the correlation of framed fp32 planes xf (`channels` of them) with group g's
+  // weights w (fp32 [outs][channels][taps]; pair_weights_ when paired).
+  template <class T>
+  void lanes_correlate([[maybe_unused]] backend::Workspace& ws, const float* xf, std::size_t channels, const float* w,
+                       [[maybe_unused]] std::size_t g, const float* bias, std::size_t outs, const kernels::Window& win,
+                       const kernels::lanes::Frame& f, float* y) {
+#if XTRAIN_HAS_AVX512_BF16
+    if constexpr (image_lanes_bf16_products<T>) {
+      const std::size_t pairs = (channels + 1) / 2, taps = win.kernel.h * win.kernel.w;
+      std::uint32_t* words = ws.get<std::uint32_t>(backend::Workspace::Slot::words_a, pairs * f.in_plane);
+      kernels::lanes::pairs::pack_planes(xf, channels, f.in_plane, words);
+      kernels::lanes::pairs::forward(words, channels, pair_weights_.data() + g * outs * pairs * taps, bias, outs, win,
+                                     f, y);
+      return;
+    }
+#endif
+    kernels::lanes::forward(xf, channels, w, bias, outs, win, f, y);
+  }
+
+  // flipped_ = each group's kernel flipped and transposed (direct::flip_kernel), for dx.
+  void flip_weights() {
+    const std::size_t cg = in_ / groups_, og = out_ / groups_, kg = fan_in();
+    flipped_.resize(weight_.size());
+    for (std::size_t g = 0; g < groups_; ++g)
+      kernels::direct::flip_kernel(weight_.data() + g * og * kg, og, cg, window_.kernel, flipped_.data() + g * og * kg);
+  }
+
+  // The weight gradients of `outs` x `channels` kernels from dy framed for the input gradient
+  // (fd) and x framed (fx), written to dw; bf16 multiply-adds when paired.
+  template <class T>
+  void lanes_weight_grad([[maybe_unused]] backend::Workspace& ws, const float* dyf, const kernels::lanes::Frame& fd,
+                         std::size_t outs, const float* xf, const kernels::lanes::Frame& fx, std::size_t channels,
+                         float* dw) {
+#if XTRAIN_HAS_AVX512_BF16
+    if constexpr (image_lanes_bf16_products<T>) {
+      constexpr std::size_t L = 16;
+      const std::size_t dy_plane = window_.oh * ((window_.ow + 1) / 2) * L;
+      std::uint32_t* dyw =
+          ws.get<std::uint32_t>(backend::Workspace::Slot::words_b, outs * dy_plane + channels * fx.in_plane);
+      std::uint32_t* xw = dyw + outs * dy_plane;
+      for (std::size_t o = 0; o < outs; ++o)
+        kernels::lanes::pairs::pack_output_pairs(dyf + o * fd.in_plane, fd, window_.oh, window_.ow, dyw + o * dy_plane);
+      for (std::size_t c = 0; c < channels; ++c)
+        kernels::lanes::pairs::pack_column_pairs(xf + c * fx.in_plane, fx.hf, fx.wf, fx.wf, xw + c * fx.in_plane);
+      kernels::lanes::pairs::weight_grad(dyw, outs, xw, fx, channels, window_, dw);
+      return;
+    }
+#endif
+    kernels::lanes::weight_grad(dyf, fd, outs, xf, fx, channels, window_, dw);
+  }
+
+  // Images in groups of one per SIMD lane (kernels/conv_lanes.hpp), the groups split over the
+  // backend's threads.
+  template <class T>
+  void forward_lanes(Context& ctx, const Tensor<T>& x, Tensor<T>& y) {
+    constexpr std::size_t L = simd::lanes<>;
+    const kernels::lanes::Frame f(window_, L);
+    const std::size_t n = x.shape(0), cg = in_ / groups_, og = out_ / groups_, kg = fan_in(),
+                      plane = window_.out_plane(), in_plane = window_.in_plane(), blocks = (n + L - 1) / L;
+    if constexpr (image_lanes_bf16_products<T>) pack_pair_weights(weight_.data(), og, cg);
+    backend::parallel_for(ctx.executor, blocks, 1, 1, [&](std::size_t begin, std::size_t end) {
+      const backend::WorkspaceFor ws(ctx.executor);
+      float* yt = ws->get<float>(backend::Workspace::Slot::planes, og * f.out_plane + cg * f.in_plane);
+      float* xf = yt + og * f.out_plane;
+      for (std::size_t b = begin; b < end; ++b) {
+        const std::size_t s0 = b * L, count = std::min(L, n - s0);
+        for (std::size_t g = 0; g < groups_; ++g) {
+          kernels::lanes::frame_input(x.data() + (s0 * in_ + g * cg) * in_plane, in_ * in_plane, count, cg, window_, f,
+                                      L, xf);
+          lanes_correlate<T>(*ws, xf, cg, weight_.data() + g * og * kg, g, has_bias() ? bias_.data() + g * og : nullptr,
+                             og, window_, f, yt);
+          kernels::lanes::unframe(yt, og, plane, count, L, y.data() + (s0 * out_ + g * og) * plane, out_ * plane);
+        }
+      }
+    });
+  }
+
+  // dW += the weight gradients of the groups of L images, in order; dx (when not null) written.
+  template <class T>
+  void backward_lanes(Context& ctx, const Tensor<T>& x, const Tensor<T>& dy, T* dx) {
+    constexpr std::size_t L = simd::lanes<>;
+    const kernels::Window gd = kernels::lanes::input_grad_window(window_);
+    const kernels::lanes::Frame fx(window_, L), fd(gd, L);
+    const std::size_t n = x.shape(0), cg = in_ / groups_, og = out_ / groups_, kg = fan_in(),
+                      plane = window_.out_plane(), in_plane = window_.in_plane(), wsize = weight_.size(),
+                      blocks = (n + L - 1) / L;
+    partials_.resize(blocks * wsize);
+    if (dx) {
+      flip_weights();
+      if constexpr (image_lanes_bf16_products<T>) pack_pair_weights(flipped_.data(), cg, og);
+    }
+    backend::parallel_for(ctx.executor, blocks, 1, 1, [&](std::size_t begin, std::size_t end) {
+      const backend::WorkspaceFor ws(ctx.executor);
+      float* dyf = ws->get<float>(backend::Workspace::Slot::planes,
+                                  og * fd.in_plane + (dx ? cg * fd.out_plane : 0) + cg * fx.in_plane);
+      float* dxt = dyf + og * fd.in_plane;
+      float* xf = dxt + (dx ? cg * fd.out_plane : 0);
+      for (std::size_t b = begin; b < end; ++b) {
+        const std::size_t s0 = b * L, count = std::min(L, n - s0);
+        for (std::size_t g = 0; g < groups_; ++g) {
+          kernels::lanes::frame_input(x.data() + (s0 * in_ + g * cg) * in_plane, in_ * in_plane, count, cg, window_, fx,
+                                      L, xf);
+          kernels::lanes::frame_input(dy.data() + (s0 * out_ + g * og) * plane, out_ * plane, count, og, gd, fd, L,
+                                      dyf);
+          lanes_weight_grad<T>(*ws, dyf, fd, og, xf, fx, cg, partials_.data() + b * wsize + g * og * kg);
+          if (!dx) continue;
+          lanes_correlate<T>(*ws, dyf, og, flipped_.data() + g * og * kg, g, nullptr, cg, gd, fd, dxt);
+          kernels::lanes::unframe(dxt, cg, in_plane, count, L, dx + (s0 * in_ + g * cg) * in_plane, in_ * in_plane);
+        }
+      }
+    });
+    float* gw = weight_.grad();
+    for (std::size_t b = 0; b < blocks; ++b) {
+      const float* part = partials_.data() + b * wsize;
+      for (std::size_t i = 0; i < wsize; ++i) gw[i] += part[i];
+    }
+  }
+
   // dW += the blocks' weight-gradient sums, in order; dx (when not null) = the correlation of the
   // framed dy with the flipped kernel. Blocks of direct_block images split over the threads.
   template <class T>
@@ -321,12 +504,7 @@ class Conv2d {
     const std::size_t n = x.shape(0), cg = in_ / groups_, og = out_ / groups_, kg = fan_in(), wsize = weight_.size(),
                       blocks = (n + direct_block - 1) / direct_block;
     partials_.resize(blocks * wsize);
-    if (dx) {
-      flipped_.resize(wsize);
-      for (std::size_t g = 0; g < groups_; ++g)
-        kernels::direct::flip_kernel(weight_.data() + g * og * kg, og, cg, window_.kernel,
-                                     flipped_.data() + g * og * kg);
-    }
+    if (dx) flip_weights();
     // The weight gradient vectorised over the output channels where a tile fits (no idle lanes or
     // positions), else over the framed positions.
     const std::size_t registers = kernels::direct::output_registers(og, window_.kernel),
@@ -456,9 +634,10 @@ class Conv2d {
   const void* x_ = nullptr;  // the Tensor<T> of the last forward
   int x_type_ = 0;           // its activation_type_index
   ActivationBuffers y_, dx_;
-  Buffer<float> f32_[2], dcol_, acc_;  // see buffer(); the columns' gradient; fp32 accumulator (16-bit runs)
-  Buffer<float> partials_, flipped_;   // direct: each block's weight gradient; the flipped kernel
-  Buffer<float> transposed_;           // direct by output channels: the weights [c][tap][o], then the bias
+  Buffer<float> f32_[2], dcol_, acc_;   // see buffer(); the columns' gradient; fp32 accumulator (16-bit runs)
+  Buffer<float> partials_, flipped_;    // direct, image_lanes: each block's weight gradient; the flipped kernel
+  Buffer<std::uint32_t> pair_weights_;  // image_lanes in bf16: the (flipped) weights paired (lanes::pairs)
+  Buffer<float> transposed_;            // direct by output channels: the weights [c][tap][o], then the bias
   Algorithm algorithm_ = Algorithm::automatic;
   Buffer<bf16> b16_[2];
   Buffer<fp16> f16_[2];

@@ -1,0 +1,432 @@
+#pragma once
+/// \file conv_lanes.hpp
+/// Direct convolution (stride 1, dilation 1, 3 x 3 or 5 x 5 kernels) of a group of images at
+/// once, one image per SIMD lane: the planes are transposed to [channel][row][column][image], so
+/// that every multiply-add of a register serves the same (output, tap) of L images (16 with
+/// AVX-512) and none is idle, whatever the channel counts and plane sizes. The other direct
+/// kernels (conv_direct.hpp) vectorise over an image's positions or output channels and lose
+/// lanes where those are few or not a multiple of L.
+///
+/// Layouts (L = lanes, "framed": zeros around a plane, as wide as the padding):
+///  - x: [c][H + 2 ph][W + 2 pw][L] (frame_input, Frame of the layer's window g);
+///  - dy: [o][OH + 2 (KH - 1 - ph)][OW + 2 (KW - 1 - pw)][L] (frame_input, Frame of
+///    input_grad_window(g)): the input gradient is then the forward correlation of dy with the
+///    flipped kernel, and the weight gradient reads dy's real rows;
+///  - y: [o][OH][OW][L] and dx: [c][H][W][L], unframed, transposed back by unframe.
+/// Every output is one sum in a fixed order (channels, then kernel rows, then columns; lanes in
+/// order for the weight gradient), the same on any number of threads. Scalar twin:
+/// kernels/reference/conv.hpp.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "xtrain/kernels/conv.hpp"
+#include "xtrain/kernels/conv_direct.hpp"
+#include "xtrain/kernels/convert.hpp"
+#include "xtrain/kernels/simd.hpp"
+
+namespace xtrain::kernels::lanes {
+
+/// Whether these kernels compute windows of this shape: stride 1, dilation 1, a 3 x 3 or 5 x 5
+/// kernel and padding below the kernel (the input gradient is a correlation of dy padded by
+/// kernel - 1 - padding).
+inline bool supports(const Window& g) noexcept {
+  return g.stride == Size2{1} && g.dilation == Size2{1} && (g.kernel == Size2{3} || g.kernel == Size2{5}) &&
+         g.padding.h < g.kernel.h && g.padding.w < g.kernel.w;
+}
+
+/// The window whose correlation of the output gradient (OH x OW, padded by kernel - 1 - padding)
+/// with the flipped kernel is the input gradient (H x W), for a window `supports` accepts.
+inline Window input_grad_window(const Window& g) noexcept {
+  Window d{g.kernel, Size2{1}, Size2{g.kernel.h - 1 - g.padding.h, g.kernel.w - 1 - g.padding.w}, Size2{1}};
+  d.set_input(g.oh, g.ow);
+  return d;
+}
+
+/// Sizes of a window's transposed planes for L lanes.
+struct Frame {
+  std::size_t hf = 0, wf = 0;     ///< framed input plane: H + 2 ph rows of W + 2 pw columns
+  std::size_t in_plane = 0;       ///< floats per framed input plane (hf * wf * L)
+  std::size_t out_plane = 0;      ///< floats per output plane (OH * OW * L)
+  std::size_t top = 0, left = 0;  ///< the padding: where the real input starts
+
+  Frame(const Window& g, std::size_t lanes) noexcept
+      : hf(g.h + 2 * g.padding.h),
+        wf(g.w + 2 * g.padding.w),
+        in_plane(hf * wf * lanes),
+        out_plane(g.oh * g.ow * lanes),
+        top(g.padding.h),
+        left(g.padding.w) {}
+};
+
+namespace detail {
+
+// out[j * L + lane] = in[lane * image + j] for j < n and the first `count` lanes (images), zero in
+// the others; widened to fp32. `in` holds `count` images `image` values apart.
+template <class T>
+inline void to_lanes(const T* in, std::size_t image, std::size_t count, std::size_t n, float* out,
+                     std::size_t lanes) noexcept {
+  direct::detail::transpose(in, count, n, image, out, lanes);
+  if (count < lanes)
+    for (std::size_t j = 0; j < n; ++j) std::fill(out + j * lanes + count, out + (j + 1) * lanes, 0.0f);
+}
+
+}  // namespace detail
+
+/// x's planes of `count` <= L images (`image` values apart, `channels` planes of g.h x g.w each)
+/// into the framed lane layout [c][hf][wf][L] (zeros in the padding and in lanes past `count`).
+template <class T>
+void frame_input(const T* x, std::size_t image, std::size_t count, std::size_t channels, const Window& g,
+                 const Frame& f, std::size_t lanes, float* out) noexcept {
+  std::fill(out, out + channels * f.in_plane, 0.0f);
+  for (std::size_t c = 0; c < channels; ++c)
+    for (std::size_t r = 0; r < g.h; ++r)
+      detail::to_lanes(x + (c * g.h + r) * g.w, image, count, g.w,
+                       out + c * f.in_plane + ((r + f.top) * f.wf + f.left) * lanes, lanes);
+}
+
+/// The inverse for unframed planes: out[lane * image + j] = in[j * L + lane] for j < n per plane,
+/// `planes` planes of n values, the first `count` lanes, rounded to T.
+template <class T>
+void unframe(const float* in, std::size_t planes, std::size_t n, std::size_t count, std::size_t lanes, T* out,
+             std::size_t image) noexcept {
+  for (std::size_t p = 0; p < planes; ++p)
+    direct::detail::transpose(in + p * n * lanes, n, count, lanes, out + p * n, image);
+}
+
+namespace detail {
+
+// P consecutive outputs of one row of output plane o: acc[p] = bias + sum over c, ki, kj of
+// w[o][c][ki][kj] * x[c][r + ki][q0 + p + kj] (every lane an image).
+template <std::size_t P, class Arch>
+inline void forward_tile(const float* x, std::size_t channels, const Frame& f, const float* w, std::size_t kh,
+                         std::size_t kw, float bias, float* out) noexcept {
+  using B = simd::batch<float, Arch>;
+  constexpr std::size_t L = B::size;
+  B acc[P];
+#pragma GCC unroll 16
+  for (std::size_t p = 0; p < P; ++p) acc[p] = B(bias);
+  for (std::size_t c = 0; c < channels; ++c)
+    for (std::size_t ki = 0; ki < kh; ++ki) {
+      const float* xr = x + c * f.in_plane + ki * f.wf * L;
+      const float* wr = w + (c * kh + ki) * kw;
+      for (std::size_t kj = 0; kj < kw; ++kj) {
+        const B wv(wr[kj]);
+#pragma GCC unroll 16
+        for (std::size_t p = 0; p < P; ++p) acc[p] = xsimd::fma(wv, B::load_aligned(xr + (p + kj) * L), acc[p]);
+      }
+    }
+#pragma GCC unroll 16
+  for (std::size_t p = 0; p < P; ++p) acc[p].store_aligned(out + p * L);
+}
+
+// Calls tile.template operator()<P>() for tiles of P = Full, 8, 4, 2 or 1 consecutive outputs
+// until `count` are done; the tile advances its own pointers.
+template <std::size_t Full, class Tile>
+inline void for_each_tile(std::size_t count, Tile&& tile) {
+  for (std::size_t left = count; left > 0;) {
+    if (left >= Full) {
+      tile.template operator()<Full>();
+      left -= Full;
+    } else if (left >= 8) {
+      tile.template operator()<8>();
+      left -= 8;
+    } else if (left >= 4) {
+      tile.template operator()<4>();
+      left -= 4;
+    } else if (left >= 2) {
+      tile.template operator()<2>();
+      left -= 2;
+    } else {
+      tile.template operator()<1>();
+      left -= 1;
+    }
+  }
+}
+
+template <std::size_t Full, class Arch>
+void forward_row(const float* x, std::size_t channels, const Frame& f, const float* w, std::size_t kh, std::size_t kw,
+                 float bias, float* out, std::size_t count) noexcept {
+  constexpr std::size_t L = simd::lanes<Arch>;
+  for_each_tile<Full>(count, [&]<std::size_t P>() {
+    forward_tile<P, Arch>(x, channels, f, w, kh, kw, bias, out);
+    x += P * L;
+    out += P * L;
+  });
+}
+
+// dw[ki][kj] sums of plane o and channel c over the output positions, lanes summed at the end.
+template <std::size_t KH, std::size_t KW, class Arch>
+inline void weight_tile(const float* dy, const Frame& fd, const float* x, const Frame& fx, const Window& g,
+                        float* sums) noexcept {
+  using B = simd::batch<float, Arch>;
+  constexpr std::size_t L = B::size;
+  B acc[KH][KW];
+#pragma GCC unroll 8
+  for (std::size_t i = 0; i < KH; ++i)
+#pragma GCC unroll 8
+    for (std::size_t j = 0; j < KW; ++j) acc[i][j] = B(0.0f);
+  for (std::size_t r = 0; r < g.oh; ++r) {
+    const float* d = dy + ((r + fd.top) * fd.wf + fd.left) * L;
+    const float* xr = x + r * fx.wf * L;
+    for (std::size_t q = 0; q < g.ow; ++q) {
+      B dv = B::load_aligned(d + q * L);
+      simd::keep_in_register(dv);
+      const float* xq = xr + q * L;
+      // 5 x 5: each x vector loaded by its FMA, none carried to the next q in registers (25
+      // accumulators leave too few); 3 x 3 gains from the carried ones (measured).
+      if constexpr (KH * KW > 16) simd::opaque(xq);
+#pragma GCC unroll 8
+      for (std::size_t i = 0; i < KH; ++i)
+#pragma GCC unroll 8
+        for (std::size_t j = 0; j < KW; ++j)
+          acc[i][j] = xsimd::fma(dv, B::load_aligned(xq + (i * fx.wf + j) * L), acc[i][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (std::size_t i = 0; i < KH; ++i)
+#pragma GCC unroll 8
+    for (std::size_t j = 0; j < KW; ++j) sums[i * KW + j] = simd::horizontal_sum(acc[i][j]);
+}
+
+}  // namespace detail
+
+/// y[o][r][q] (lanes: images) = bias[o] + the correlation, for `outs` output planes; x framed as
+/// frame_input writes it; w [outs][channels][KH][KW]; bias may be null.
+template <class Arch = simd::default_arch>
+void forward(const float* x, std::size_t channels, const float* w, const float* bias, std::size_t outs, const Window& g,
+             const Frame& f, float* y) noexcept {
+  constexpr std::size_t L = simd::lanes<Arch>, full = L >= 16 ? 14 : 12;
+  const std::size_t taps = g.kernel.h * g.kernel.w;
+  for (std::size_t o = 0; o < outs; ++o)
+    for (std::size_t r = 0; r < g.oh; ++r)
+      detail::forward_row<full, Arch>(x + r * f.wf * L, channels, f, w + o * channels * taps, g.kernel.h, g.kernel.w,
+                                      bias ? bias[o] : 0.0f, y + (o * g.oh + r) * g.ow * L, g.ow);
+}
+
+/// dw[o][c][ki][kj] = the sum over the lanes' images and the output positions of dy[o] * x[c]
+/// shifted by (ki, kj), written (not added) for `outs` x `channels` kernels; x framed for g
+/// (frame_input, Frame fx), dy for input_grad_window(g) (Frame fd).
+template <class Arch = simd::default_arch>
+void weight_grad(const float* dy, const Frame& fd, std::size_t outs, const float* x, const Frame& fx,
+                 std::size_t channels, const Window& g, float* dw) noexcept {
+  const std::size_t taps = g.kernel.h * g.kernel.w;
+  for (std::size_t o = 0; o < outs; ++o)
+    for (std::size_t c = 0; c < channels; ++c) {
+      float* out = dw + (o * channels + c) * taps;
+      if (g.kernel == Size2{5})
+        detail::weight_tile<5, 5, Arch>(dy + o * fd.in_plane, fd, x + c * fx.in_plane, fx, g, out);
+      else
+        detail::weight_tile<3, 3, Arch>(dy + o * fd.in_plane, fd, x + c * fx.in_plane, fx, g, out);
+    }
+}
+
+/// dx[c][row][col] (lanes: images) for `channels` input planes: dy framed for gd =
+/// input_grad_window(g) (Frame fd) correlated with flipped[c][o][KH][KW] (direct::flip_kernel).
+template <class Arch = simd::default_arch>
+void input_grad(const float* dy, const Frame& fd, std::size_t outs, const float* flipped, std::size_t channels,
+                const Window& gd, float* dx) noexcept {
+  forward<Arch>(dy, outs, flipped, nullptr, channels, gd, fd, dx);
+}
+
+#if XTRAIN_HAS_AVX512_BF16
+/// bf16 multiply-adds (vdpbf16ps, AVX512_BF16) for the forward and the input gradient of bf16
+/// layers. The framed fp32 planes of channels 2k and 2k + 1 are interleaved into one plane of
+/// 32-bit words (channel 2k's bf16 in the low half of each (position, image) word, 2k + 1's in
+/// the high half) and the kernel's weights are paired the same way. One instruction then does two
+/// multiply-adds per lane, one per channel of the pair, summed in fp32: half the instructions of
+/// the fp32 kernels. Sixteen images per group (AVX-512's fp32 lanes). Each output is summed over
+/// channel pairs, then kernel rows, then columns, in that fixed order.
+namespace pairs {
+
+/// The channel pairs of `channels` framed planes of `plane` floats (a multiple of 16), rounded
+/// to bf16: out[k][i] = bf16(in[2k][i]) | bf16(in[2k + 1][i]) << 16, zero high halves past the
+/// last channel.
+inline void pack_planes(const float* in, std::size_t channels, std::size_t plane, std::uint32_t* out) noexcept {
+  for (std::size_t k = 0; 2 * k < channels; ++k) {
+    const float* lo = in + 2 * k * plane;
+    const bool has_hi = 2 * k + 1 < channels;
+    std::uint32_t* o = out + k * plane;
+    for (std::size_t i = 0; i < plane; i += 16) {
+      __m512i words = kernels::detail::round_bf16_lanes(_mm512_load_ps(lo + i));
+      if (has_hi)
+        words = _mm512_or_si512(
+            words, _mm512_slli_epi32(kernels::detail::round_bf16_lanes(_mm512_load_ps(lo + plane + i)), 16));
+      _mm512_store_si512(o + i, words);
+    }
+  }
+}
+
+/// w[outs][channels][taps] paired over channels into out[outs][(channels + 1) / 2][taps] words.
+inline void pack_weights(const float* w, std::size_t outs, std::size_t channels, std::size_t taps,
+                         std::uint32_t* out) noexcept {
+  const std::size_t cp = (channels + 1) / 2;
+  for (std::size_t o = 0; o < outs; ++o)
+    for (std::size_t k = 0; k < cp; ++k)
+      for (std::size_t t = 0; t < taps; ++t) {
+        const float* wo = w + o * channels * taps;
+        const std::uint32_t lo = bf16(wo[2 * k * taps + t]).bits;
+        const std::uint32_t hi = 2 * k + 1 < channels ? bf16(wo[(2 * k + 1) * taps + t]).bits : 0u;
+        out[(o * cp + k) * taps + t] = lo | hi << 16;
+      }
+}
+
+namespace detail {
+
+template <std::size_t P>
+inline void forward_tile(const std::uint32_t* x, std::size_t pairs, const Frame& f, const std::uint32_t* w,
+                         std::size_t kh, std::size_t kw, float bias, float* out) noexcept {
+  constexpr std::size_t L = 16;
+  __m512 acc[P];
+#pragma GCC unroll 16
+  for (std::size_t p = 0; p < P; ++p) acc[p] = _mm512_set1_ps(bias);
+  for (std::size_t k = 0; k < pairs; ++k)
+    for (std::size_t ki = 0; ki < kh; ++ki) {
+      const std::uint32_t* xr = x + k * f.in_plane + ki * f.wf * L;
+      const std::uint32_t* wr = w + (k * kh + ki) * kw;
+      for (std::size_t kj = 0; kj < kw; ++kj) {
+        const __m512bh wv = (__m512bh)_mm512_set1_epi32(static_cast<int>(wr[kj]));
+#pragma GCC unroll 16
+        for (std::size_t p = 0; p < P; ++p)
+          acc[p] = _mm512_dpbf16_ps(acc[p], (__m512bh)_mm512_load_si512(xr + (p + kj) * L), wv);
+      }
+    }
+#pragma GCC unroll 16
+  for (std::size_t p = 0; p < P; ++p) _mm512_store_ps(out + p * L, acc[p]);
+}
+
+}  // namespace detail
+
+/// lanes::forward with bf16 multiply-adds: x the packed channel pairs of frame_input's planes,
+/// w the packed weights (pack_weights), y fp32 [outs][OH][OW][16].
+inline void forward(const std::uint32_t* x, std::size_t channels, const std::uint32_t* w, const float* bias,
+                    std::size_t outs, const Window& g, const Frame& f, float* y) noexcept {
+  constexpr std::size_t L = 16;
+  const std::size_t taps = g.kernel.h * g.kernel.w, cp = (channels + 1) / 2;
+  for (std::size_t o = 0; o < outs; ++o)
+    for (std::size_t r = 0; r < g.oh; ++r) {
+      const std::uint32_t* xr = x + r * f.wf * L;
+      float* out = y + (o * g.oh + r) * g.ow * L;
+      const float b = bias ? bias[o] : 0.0f;
+      lanes::detail::for_each_tile<14>(g.ow, [&]<std::size_t P>() {
+        detail::forward_tile<P>(xr, cp, f, w + o * cp * taps, g.kernel.h, g.kernel.w, b, out);
+        xr += P * L;
+        out += P * L;
+      });
+    }
+}
+
+/// For the weight gradient, pairs of columns: out[row][j] = (bf16(in[row][j]), bf16(in[row][j +
+/// 1])) for the `rows` x `width` positions of a framed plane (16 lanes each, rows `stride`
+/// positions apart), the last column paired with zero.
+inline void pack_column_pairs(const float* in, std::size_t rows, std::size_t width, std::size_t stride,
+                              std::uint32_t* out) noexcept {
+  constexpr std::size_t L = 16;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* row = in + r * stride * L;
+    std::uint32_t* o = out + r * width * L;
+    __m512i next = kernels::detail::round_bf16_lanes(_mm512_load_ps(row));
+    for (std::size_t j = 0; j < width; ++j) {
+      const __m512i lo = next;
+      next =
+          j + 1 < width ? kernels::detail::round_bf16_lanes(_mm512_load_ps(row + (j + 1) * L)) : _mm512_setzero_si512();
+      _mm512_store_si512(o + j * L, _mm512_or_si512(lo, _mm512_slli_epi32(next, 16)));
+    }
+  }
+}
+
+/// The output gradient's columns in disjoint pairs: out[r][k] = (bf16(in[r][2k]), bf16(in[r][2k +
+/// 1])) for the OH x OW real positions of dy framed for input_grad_window (Frame fd), an odd last
+/// column paired with zero; (OW + 1) / 2 words per row.
+inline void pack_output_pairs(const float* in, const Frame& fd, std::size_t oh, std::size_t ow,
+                              std::uint32_t* out) noexcept {
+  constexpr std::size_t L = 16;
+  const std::size_t half = (ow + 1) / 2;
+  for (std::size_t r = 0; r < oh; ++r) {
+    const float* row = in + ((r + fd.top) * fd.wf + fd.left) * L;
+    std::uint32_t* o = out + r * half * L;
+    for (std::size_t k = 0; k < half; ++k) {
+      const __m512i lo = kernels::detail::round_bf16_lanes(_mm512_load_ps(row + 2 * k * L));
+      const __m512i hi = 2 * k + 1 < ow ? kernels::detail::round_bf16_lanes(_mm512_load_ps(row + (2 * k + 1) * L))
+                                        : _mm512_setzero_si512();
+      _mm512_store_si512(o + k * L, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+  }
+}
+
+namespace detail {
+
+// dw[o][ki][kj] of O consecutive output channels (dy planes `dy_plane` words apart) and one input
+// channel: each word of dy pairs output columns (2k, 2k + 1) and meets the x word pairing columns
+// (2k + kj, 2k + kj + 1) of row r + ki. O = 2 shares each x load between two output channels.
+template <std::size_t KH, std::size_t KW, std::size_t O>
+inline void weight_tile(const std::uint32_t* dy, std::size_t dy_plane, std::size_t oh, std::size_t half,
+                        const std::uint32_t* x, std::size_t wf, float* sums) noexcept {
+  constexpr std::size_t L = 16;
+  __m512 acc[O][KH][KW];
+#pragma GCC unroll 2
+  for (std::size_t o = 0; o < O; ++o)
+#pragma GCC unroll 8
+    for (std::size_t i = 0; i < KH; ++i)
+#pragma GCC unroll 8
+      for (std::size_t j = 0; j < KW; ++j) acc[o][i][j] = _mm512_setzero_ps();
+  for (std::size_t r = 0; r < oh; ++r) {
+    const std::uint32_t* d = dy + r * half * L;
+    const std::uint32_t* xr = x + r * wf * L;
+    for (std::size_t k = 0; k < half; ++k) {
+      __m512bh dv[O];
+#pragma GCC unroll 2
+      for (std::size_t o = 0; o < O; ++o) dv[o] = (__m512bh)_mm512_load_si512(d + o * dy_plane + k * L);
+      const std::uint32_t* xq = xr + 2 * k * L;
+      if constexpr (KH * KW > 16) simd::opaque(xq);  // as lanes::detail::weight_tile
+#pragma GCC unroll 8
+      for (std::size_t i = 0; i < KH; ++i)
+#pragma GCC unroll 8
+        for (std::size_t j = 0; j < KW; ++j) {
+          const __m512bh xv = (__m512bh)_mm512_load_si512(xq + (i * wf + j) * L);
+#pragma GCC unroll 2
+          for (std::size_t o = 0; o < O; ++o) acc[o][i][j] = _mm512_dpbf16_ps(acc[o][i][j], dv[o], xv);
+        }
+    }
+  }
+#pragma GCC unroll 2
+  for (std::size_t o = 0; o < O; ++o)
+#pragma GCC unroll 8
+    for (std::size_t i = 0; i < KH; ++i)
+#pragma GCC unroll 8
+      for (std::size_t j = 0; j < KW; ++j) sums[o * KH * KW + i * KW + j] = _mm512_reduce_add_ps(acc[o][i][j]);
+}
+
+}  // namespace detail
+
+/// lanes::weight_grad with bf16 multiply-adds: dy packed by pack_output_pairs ((OW + 1) / 2 words
+/// per row), x by pack_column_pairs over the whole framed planes (Frame fx); written, not added.
+inline void weight_grad(const std::uint32_t* dy, std::size_t outs, const std::uint32_t* x, const Frame& fx,
+                        std::size_t channels, const Window& g, float* dw) noexcept {
+  constexpr std::size_t L = 16;
+  const std::size_t taps = g.kernel.h * g.kernel.w, half = (g.ow + 1) / 2, dy_plane = g.oh * half * L;
+  float sums[2 * 25];
+  for (std::size_t c = 0; c < channels; ++c)
+    for (std::size_t o = 0; o < outs;) {
+      const std::uint32_t* d = dy + o * dy_plane;
+      const std::uint32_t* xc = x + c * fx.in_plane;
+      std::size_t n = 1;
+      if (g.kernel == Size2{5}) {
+        detail::weight_tile<5, 5, 1>(d, dy_plane, g.oh, half, xc, fx.wf, sums);
+      } else if (o + 1 < outs) {
+        detail::weight_tile<3, 3, 2>(d, dy_plane, g.oh, half, xc, fx.wf, sums);
+        n = 2;
+      } else {
+        detail::weight_tile<3, 3, 1>(d, dy_plane, g.oh, half, xc, fx.wf, sums);
+      }
+      for (std::size_t m = 0; m < n; ++m) std::copy_n(sums + m * taps, taps, dw + ((o + m) * channels + c) * taps);
+      o += n;
+    }
+}
+
+}  // namespace pairs
+#endif
+
+}  // namespace xtrain::kernels::lanes
