@@ -223,14 +223,6 @@ void weight_grad(const float* dy, const Frame& fd, std::size_t outs, const float
     }
 }
 
-/// dx[c][row][col] (lanes: images) for `channels` input planes: dy framed for gd =
-/// input_grad_window(g) (Frame fd) correlated with flipped[c][o][KH][KW] (direct::flip_kernel).
-template <class Arch = simd::default_arch>
-void input_grad(const float* dy, const Frame& fd, std::size_t outs, const float* flipped, std::size_t channels,
-                const Window& gd, float* dx) noexcept {
-  forward<Arch>(dy, outs, flipped, nullptr, channels, gd, fd, dx);
-}
-
 #if XTRAIN_HAS_AVX512_BF16
 /// bf16 multiply-adds (vdpbf16ps, AVX512_BF16) for the forward and the input gradient of bf16
 /// layers. The framed fp32 planes of channels 2k and 2k + 1 are interleaved into one plane of
