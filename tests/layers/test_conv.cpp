@@ -272,6 +272,47 @@ TEMPLATE_TEST_CASE("MaxPool2d in 16-bit picks the maximum of the rounded values,
   REQUIRE(dx_widened == dx_expected);
 }
 
+TEMPLATE_TEST_CASE("BatchNorm2d in 16-bit is fp32's arithmetic on the rounded values, rounded once", "[conv][precision]",
+                   bf16, fp16) {
+  // Planes of 63 values (a tail past the groups of 16) and of 289 (two chunks of widening).
+  for (const Shape& shape : {Shape{2, 3, 7, 9}, Shape{3, 4, 17, 17}}) {
+    INFO("input " << shape.str());
+    auto rounded = [](const Matrix& m, Tensor<TestType>& low, Matrix& back) {
+      low.resize(m.shape());
+      back.resize(m.shape());
+      kernels::from_float(m.data(), low.data(), m.size());
+      kernels::to_float(low.data(), back.data(), m.size());
+    };
+    Tensor<TestType> x16, dy16, expected16;
+    Matrix x, dy, widened, expected;
+    rounded(random_tensor(shape, 21), x16, x);
+    nn::BatchNorm2d a{shape[1]}, b{shape[1]};
+    for (nn::BatchNorm2d* bn : {&a, &b})
+      for (std::size_t j = 0; j < shape[1]; ++j) {
+        bn->weight().values()[j] = 0.5f + 0.25f * static_cast<float>(j);
+        bn->bias().values()[j] = 0.1f * static_cast<float>(j) - 0.2f;
+      }
+    Context ctx;
+    const Matrix y32 = a.forward(ctx, x);
+    const Tensor<TestType>& y16 = b.forward(ctx, x16);
+    rounded(y32, expected16, expected);
+    widened.resize(y16.shape());
+    kernels::to_float(y16.data(), widened.data(), y16.size());
+    REQUIRE(widened == expected);
+    rounded(random_tensor(shape, 22), dy16, dy);
+    const Matrix dx32 = a.backward(ctx, dy);
+    const Tensor<TestType>& dx16 = b.backward(ctx, dy16);
+    rounded(dx32, expected16, expected);
+    widened.resize(dx16.shape());
+    kernels::to_float(dx16.data(), widened.data(), dx16.size());
+    REQUIRE(widened == expected);
+    for (std::size_t j = 0; j < shape[1]; ++j) {
+      REQUIRE(a.weight().grads()[j] == b.weight().grads()[j]);
+      REQUIRE(a.bias().grads()[j] == b.bias().grads()[j]);
+    }
+  }
+}
+
 TEST_CASE("Pooling and BatchNorm2d edge cases: NaN, windows in the padding, an empty batch", "[conv]") {
   Context ctx;
   const float nan = std::numeric_limits<float>::quiet_NaN();

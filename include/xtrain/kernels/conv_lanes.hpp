@@ -224,31 +224,114 @@ void weight_grad(const float* dy, const Frame& fd, std::size_t outs, const float
 }
 
 #if XTRAIN_HAS_AVX512_BF16
-/// bf16 multiply-adds (vdpbf16ps, AVX512_BF16) for the forward and the input gradient of bf16
-/// layers. The framed fp32 planes of channels 2k and 2k + 1 are interleaved into one plane of
-/// 32-bit words (channel 2k's bf16 in the low half of each (position, image) word, 2k + 1's in
-/// the high half) and the kernel's weights are paired the same way. One instruction then does two
-/// multiply-adds per lane, one per channel of the pair, summed in fp32: half the instructions of
-/// the fp32 kernels. Sixteen images per group (AVX-512's fp32 lanes). Each output is summed over
-/// channel pairs, then kernel rows, then columns, in that fixed order.
+/// bf16 multiply-adds (vdpbf16ps, AVX512_BF16) for bf16 layers, straight from their bf16 planes.
+/// The forward and the input gradient interleave channels 2k and 2k + 1 into one framed plane of
+/// 32-bit words (channel 2k's bf16 in the low half of each (position, image) word, 2k + 1's in the
+/// high half: frame_pairs) and pair the kernel's weights the same way (pack_weights). One
+/// instruction then does two multiply-adds per lane, one per channel of the pair, summed in fp32:
+/// half the instructions of the fp32 kernels. The weight gradient pairs columns instead
+/// (column_pairs, output_pairs). Sixteen images per group (AVX-512's fp32 lanes). Each output is
+/// summed over channel pairs, then kernel rows, then columns, in that fixed order.
 namespace pairs {
 
-/// The channel pairs of `channels` framed planes of `plane` floats (a multiple of 16), rounded
-/// to bf16: out[k][i] = bf16(in[2k][i]) | bf16(in[2k + 1][i]) << 16, zero high halves past the
-/// last channel.
-inline void pack_planes(const float* in, std::size_t channels, std::size_t plane, std::uint32_t* out) noexcept {
+namespace detail {
+
+// dst[j * 16 + t] = word j of row(t) for t < 8 and j < cols (<= 8): the 8 x 8 transpose of the
+// rows' 32-bit words, stored as the low or high half of `cols` 16-lane words (dst 32-byte aligned).
+template <class Row>
+inline void store_transposed(Row&& row, std::size_t cols, std::uint32_t* dst) noexcept {
+  __m256 r[8];
+#pragma GCC unroll 8
+  for (std::size_t t = 0; t < 8; ++t) r[t] = _mm256_castsi256_ps(row(t));
+  kernels::detail::transpose8x8(r);
+  for (std::size_t j = 0; j < cols; ++j)
+    _mm256_store_si256(reinterpret_cast<__m256i*>(dst + j * 16), _mm256_castps_si256(r[j]));
+}
+
+}  // namespace detail
+
+/// The channel pairs of bf16 planes, framed: out[k][(r + top) * wf + left + j][i] = x_i[2k][r][j] |
+/// x_i[2k + 1][r][j] << 16 for the images i < `count` (<= 16, `image` values apart, `channels`
+/// planes of g.h x g.w each); zero in the frame, in the lanes past `count` and in the high halves
+/// past the last channel. Layout [(channels + 1) / 2][hf][wf][16] (Frame f of window g).
+inline void frame_pairs(const bf16* x, std::size_t image, std::size_t count, std::size_t channels, const Window& g,
+                        const Frame& f, std::uint32_t* out) noexcept {
+  constexpr std::size_t L = 16;
+  const std::size_t plane = g.h * g.w, row_words = f.wf * L;
+  const auto* src = reinterpret_cast<const std::uint16_t*>(x);
   for (std::size_t k = 0; 2 * k < channels; ++k) {
-    const float* lo = in + 2 * k * plane;
+    std::uint32_t* o = out + k * f.in_plane;
+    std::fill(o, o + f.top * row_words, 0u);
+    std::fill(o + (f.top + g.h) * row_words, o + f.hf * row_words, 0u);
+    const std::uint16_t* lo = src + 2 * k * plane;
     const bool has_hi = 2 * k + 1 < channels;
-    std::uint32_t* o = out + k * plane;
-    for (std::size_t i = 0; i < plane; i += 16) {
-      __m512i words = kernels::detail::round_bf16_lanes(_mm512_load_ps(lo + i));
-      if (has_hi)
-        words = _mm512_or_si512(
-            words, _mm512_slli_epi32(kernels::detail::round_bf16_lanes(_mm512_load_ps(lo + plane + i)), 16));
-      _mm512_store_si512(o + i, words);
+    for (std::size_t r = 0; r < g.h; ++r) {
+      std::uint32_t* row = o + (r + f.top) * row_words;
+      std::fill(row, row + f.left * L, 0u);
+      std::fill(row + (f.left + g.w) * L, row + row_words, 0u);
+      for (std::size_t j = 0; j < g.w; j += 8) {
+        const std::size_t cols = std::min<std::size_t>(8, g.w - j);
+        const auto mask = static_cast<__mmask8>((1u << cols) - 1);
+        for (std::size_t i0 = 0; i0 < L; i0 += 8)
+          detail::store_transposed(
+              [&](std::size_t t) {
+                if (i0 + t >= count) return _mm256_setzero_si256();
+                const std::uint16_t* at = lo + (i0 + t) * image + r * g.w + j;
+                const __m128i a = _mm_maskz_loadu_epi16(mask, at);
+                const __m128i b = has_hi ? _mm_maskz_loadu_epi16(mask, at + plane) : _mm_setzero_si128();
+                return _mm256_set_m128i(_mm_unpackhi_epi16(a, b), _mm_unpacklo_epi16(a, b));
+              },
+              cols, row + (f.left + j) * L + i0);
+      }
     }
   }
+}
+
+/// For the weight gradient, pairs of columns of each channel: out[c][p][i] = (x[c][p], x[c][p +
+/// 1]) at every framed position p (the last column of a row paired with zero), from the channel
+/// pairs `in` that frame_pairs wrote for `channels` channels (Frame f). Layout [channels][hf][wf][16].
+inline void column_pairs(const std::uint32_t* in, std::size_t channels, const Frame& f, std::uint32_t* out) noexcept {
+  constexpr std::size_t L = 16;
+  constexpr __mmask32 high = 0xAAAAAAAA;  // the high halves of the 32-bit words
+  for (std::size_t k = 0; 2 * k < channels; ++k) {
+    const bool has_hi = 2 * k + 1 < channels;
+    for (std::size_t r = 0; r < f.hf; ++r) {
+      const std::uint32_t* row = in + k * f.in_plane + r * f.wf * L;
+      std::uint32_t* even = out + 2 * k * f.in_plane + r * f.wf * L;
+      std::uint32_t* odd = even + f.in_plane;
+      __m512i next = _mm512_load_si512(row);
+      for (std::size_t j = 0; j < f.wf; ++j) {
+        const __m512i now = next;
+        next = j + 1 < f.wf ? _mm512_load_si512(row + (j + 1) * L) : _mm512_setzero_si512();
+        _mm512_store_si512(even + j * L, _mm512_mask_blend_epi16(high, now, _mm512_slli_epi32(next, 16)));
+        if (has_hi) _mm512_store_si512(odd + j * L, _mm512_mask_blend_epi16(high, _mm512_srli_epi32(now, 16), next));
+      }
+    }
+  }
+}
+
+/// The output gradient's columns in disjoint pairs: out[o][r][k][i] = dy_i[o][r][2k] |
+/// dy_i[o][r][2k + 1] << 16 for the images i < `count` (<= 16, `image` values apart, `outs` planes
+/// of OH x OW), an odd last column paired with zero, zero in the lanes past `count`. Layout
+/// [outs][OH][(OW + 1) / 2][16].
+inline void output_pairs(const bf16* dy, std::size_t image, std::size_t count, std::size_t outs, const Window& g,
+                         std::uint32_t* out) noexcept {
+  constexpr std::size_t L = 16;
+  const std::size_t plane = g.oh * g.ow, half = (g.ow + 1) / 2;
+  const auto* src = reinterpret_cast<const std::uint16_t*>(dy);
+  for (std::size_t o = 0; o < outs; ++o)
+    for (std::size_t r = 0; r < g.oh; ++r)
+      for (std::size_t k = 0; k < half; k += 8) {
+        const std::size_t values = std::min<std::size_t>(16, g.ow - 2 * k);
+        const auto mask = static_cast<__mmask16>((1u << values) - 1);
+        for (std::size_t i0 = 0; i0 < L; i0 += 8)
+          detail::store_transposed(
+              [&](std::size_t t) {
+                if (i0 + t >= count) return _mm256_setzero_si256();
+                return _mm256_maskz_loadu_epi16(mask, src + (i0 + t) * image + o * plane + r * g.ow + 2 * k);
+              },
+              std::min<std::size_t>(8, half - k), out + ((o * g.oh + r) * half + k) * L + i0);
+      }
 }
 
 /// w[outs][channels][taps] paired over channels into out[outs][(channels + 1) / 2][taps] words.
@@ -291,8 +374,8 @@ inline void forward_tile(const std::uint32_t* x, std::size_t pairs, const Frame&
 
 }  // namespace detail
 
-/// lanes::forward with bf16 multiply-adds: x the packed channel pairs of frame_input's planes,
-/// w the packed weights (pack_weights), y fp32 [outs][OH][OW][16].
+/// lanes::forward with bf16 multiply-adds: x the channel pairs frame_pairs writes, w the packed
+/// weights (pack_weights), y fp32 [outs][OH][OW][16].
 inline void forward(const std::uint32_t* x, std::size_t channels, const std::uint32_t* w, const float* bias,
                     std::size_t outs, const Window& g, const Frame& f, float* y) noexcept {
   constexpr std::size_t L = 16;
@@ -308,44 +391,6 @@ inline void forward(const std::uint32_t* x, std::size_t channels, const std::uin
         out += P * L;
       });
     }
-}
-
-/// For the weight gradient, pairs of columns: out[row][j] = (bf16(in[row][j]), bf16(in[row][j +
-/// 1])) for the `rows` x `width` positions of a framed plane (16 lanes each, rows `stride`
-/// positions apart), the last column paired with zero.
-inline void pack_column_pairs(const float* in, std::size_t rows, std::size_t width, std::size_t stride,
-                              std::uint32_t* out) noexcept {
-  constexpr std::size_t L = 16;
-  for (std::size_t r = 0; r < rows; ++r) {
-    const float* row = in + r * stride * L;
-    std::uint32_t* o = out + r * width * L;
-    __m512i next = kernels::detail::round_bf16_lanes(_mm512_load_ps(row));
-    for (std::size_t j = 0; j < width; ++j) {
-      const __m512i lo = next;
-      next =
-          j + 1 < width ? kernels::detail::round_bf16_lanes(_mm512_load_ps(row + (j + 1) * L)) : _mm512_setzero_si512();
-      _mm512_store_si512(o + j * L, _mm512_or_si512(lo, _mm512_slli_epi32(next, 16)));
-    }
-  }
-}
-
-/// The output gradient's columns in disjoint pairs: out[r][k] = (bf16(in[r][2k]), bf16(in[r][2k +
-/// 1])) for the OH x OW real positions of dy framed for input_grad_window (Frame fd), an odd last
-/// column paired with zero; (OW + 1) / 2 words per row.
-inline void pack_output_pairs(const float* in, const Frame& fd, std::size_t oh, std::size_t ow,
-                              std::uint32_t* out) noexcept {
-  constexpr std::size_t L = 16;
-  const std::size_t half = (ow + 1) / 2;
-  for (std::size_t r = 0; r < oh; ++r) {
-    const float* row = in + ((r + fd.top) * fd.wf + fd.left) * L;
-    std::uint32_t* o = out + r * half * L;
-    for (std::size_t k = 0; k < half; ++k) {
-      const __m512i lo = kernels::detail::round_bf16_lanes(_mm512_load_ps(row + 2 * k * L));
-      const __m512i hi = 2 * k + 1 < ow ? kernels::detail::round_bf16_lanes(_mm512_load_ps(row + (2 * k + 1) * L))
-                                        : _mm512_setzero_si512();
-      _mm512_store_si512(o + k * L, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-    }
-  }
 }
 
 namespace detail {
@@ -393,8 +438,8 @@ inline void weight_tile(const std::uint32_t* dy, std::size_t dy_plane, std::size
 
 }  // namespace detail
 
-/// lanes::weight_grad with bf16 multiply-adds: dy packed by pack_output_pairs ((OW + 1) / 2 words
-/// per row), x by pack_column_pairs over the whole framed planes (Frame fx); written, not added.
+/// lanes::weight_grad with bf16 multiply-adds: dy as output_pairs writes it ((OW + 1) / 2 words
+/// per row), x as column_pairs writes it (Frame fx); written, not added.
 inline void weight_grad(const std::uint32_t* dy, std::size_t outs, const std::uint32_t* x, const Frame& fx,
                         std::size_t channels, const Window& g, float* dw) noexcept {
   constexpr std::size_t L = 16;

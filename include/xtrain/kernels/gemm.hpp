@@ -56,11 +56,10 @@ void load_rounded(const S* src, std::size_t n, float* out) noexcept {
 }
 
 #if defined(__AVX__)
-/// dst[j * ld_dst + i] = src[i * ld_src + j] for an 8 x 8 block (unpack, shuffle, permute: the
-/// classic in-register transpose), so that packing a transposed operand moves 8 floats per store.
-inline void transpose8x8(const float* src, std::size_t ld_src, float* dst, std::size_t ld_dst) noexcept {
-  __m256 r[8], t[8];
-  for (std::size_t i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld_src);
+/// The 8 x 8 transpose of r in registers (unpack, shuffle, permute: the classic in-register
+/// transpose): on return r[j] holds what was lane j of r[0..7].
+inline void transpose8x8(__m256 (&r)[8]) noexcept {
+  __m256 t[8];
   for (std::size_t i = 0; i < 8; i += 2) {
     t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -72,9 +71,19 @@ inline void transpose8x8(const float* src, std::size_t ld_src, float* dst, std::
     r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
   }
   for (std::size_t i = 0; i < 4; ++i) {
-    _mm256_storeu_ps(dst + i * ld_dst, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
-    _mm256_storeu_ps(dst + (i + 4) * ld_dst, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+    t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
   }
+  for (std::size_t i = 0; i < 8; ++i) r[i] = t[i];
+}
+
+/// dst[j * ld_dst + i] = src[i * ld_src + j] for an 8 x 8 block, so that packing a transposed
+/// operand moves 8 floats per store.
+inline void transpose8x8(const float* src, std::size_t ld_src, float* dst, std::size_t ld_dst) noexcept {
+  __m256 r[8];
+  for (std::size_t i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld_src);
+  transpose8x8(r);
+  for (std::size_t i = 0; i < 8; ++i) _mm256_storeu_ps(dst + i * ld_dst, r[i]);
 }
 #endif
 

@@ -22,6 +22,7 @@
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/convert.hpp"
 #include "xtrain/kernels/elementwise.hpp"
+#include "xtrain/kernels/norm_planes.hpp"
 
 namespace xtrain::layers {
 
@@ -70,10 +71,15 @@ class BatchNorm {
     return *this;
   }
 
-  /// Normalises x. With bf16/fp16 activations, x is widened and the statistics, the
-  /// normalisation and the saved x-hat are fp32; y is rounded to the activation type.
+  /// Normalises x. Over planes ([N, C, L] with L > 1, [N, C, H, W] with H W > 1) every pass runs
+  /// in the activations' type (kernels/norm_planes.hpp: 16-bit values widened a chunk at a time,
+  /// statistics and arithmetic in fp32, sums in double) and x-hat is recomputed from x in backward;
+  /// over [N, C] rows, bf16/fp16 x is widened and the statistics, the normalisation and the saved
+  /// x-hat are fp32. y is rounded to the activation type.
   template <ActivationType T>
   const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
+    if (spatial(x) > 1) return forward_planes(ctx, x);
+    planes_ = false;
     if constexpr (std::is_same_v<T, float>)
       return forward_f32(ctx, x, y_);
     else
@@ -84,6 +90,7 @@ class BatchNorm {
   /// dgamma += sum(dy * xhat), dbeta += sum(dy); dx through the batch statistics when training.
   template <ActivationType T>
   const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
+    if (planes_) return backward_planes(ctx, dy);
     if constexpr (std::is_same_v<T, float>)
       return backward_f32(ctx, dy, dx_);
     else
@@ -91,7 +98,6 @@ class BatchNorm {
                          [&](const Matrix& dy32, Matrix& dx) -> const Matrix& { return backward_f32(ctx, dy32, dx); });
   }
 
-  /// weight, bias; the running statistics as buffers, named as PyTorch's state_dict.
   template <class V>
   void visit(V& v) {
     v.param("weight", weight_, ParamKind::norm);
@@ -137,7 +143,8 @@ class BatchNorm {
   }
 
   // The elements per feature in one sample: 1 for [N, C], L for [N, C, L], H * W for images.
-  std::size_t spatial(const Matrix& x) const {
+  template <class T>
+  std::size_t spatial(const Tensor<T>& x) const {
     const bool ok = Dims == 1 ? (x.dimension() == 2 || x.dimension() == 3) : x.dimension() == 4;
     XTRAIN_CHECK(ok && x.shape(1) == features_, ShapeError, describe(), ": input has shape ", x.shape().str(),
                  ", expected [batch, ", features_, Dims == 1 ? "] or [batch, features, length]" : ", height, width]");
@@ -149,144 +156,166 @@ class BatchNorm {
     return n;
   }
 
-  // Writes y (fp32); keeps x-hat and the statistics for backward.
-  const Matrix& forward_f32(Context& ctx, const Matrix& x, Matrix& y) {
-    const std::size_t n = x.shape(0), c = features_, sp = spatial(x);
-    xhat_.resize(x.shape());
-    y.resize(x.shape());
+  // Training: mean_, invstd_ and the running estimates from x's batch statistics (this rank's
+  // rows, or all ranks' for SyncBatchNorm); evaluation: mean_, invstd_ from the running estimates.
+  // sp = 1: x [N, C] rows (fp32); else planes of sp values of type S.
+  template <class S>
+  void statistics(Context& ctx, const S* px, const Shape& shape, std::size_t sp) {
+    const std::size_t n = shape[0], c = features_;
     training_ = ctx.training;
-    if (ctx.training) {
-      // Statistics over this rank's rows, or over all ranks' rows (SyncBatchNorm).
-      Collectives* sync = sync_ ? ctx.collectives : nullptr;
-      auto& sum = scratch_;  // [sum x (c)] [count] [sum (x - mean)^2 (c)]
-      sum.assign(2 * c + 1, 0.0);
-      const float* px = x.data();
-      for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
-        if (sp == 1) {
-          kernels::column_sums_f64(px + j0, n, c, j1 - j0, sum.data() + j0);
-        } else {
-          for (std::size_t r = 0; r < n; ++r)
-            for (std::size_t j = j0; j < j1; ++j) sum[j] += kernels::plane_sum(px + (r * c + j) * sp, sp);
-        }
-      });
-      sum[c] = static_cast<double>(n * sp);
-      if (sync) sync->allreduce_sum(std::span<double>(sum.data(), c + 1), "SyncBatchNorm mean");
-      const double total = sum[c];
-      XTRAIN_CHECK(total > 1, ValueError, describe(),
-                   ": expected more than 1 value per channel when training, got input of shape ", x.shape().str(),
-                   " (use a batch of 2 or more, or drop_last)");
-      for (std::size_t j = 0; j < c; ++j) mean_[j] = static_cast<float>(sum[j] / total);
-      double* ssd = sum.data() + c + 1;
-      for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
-        if (sp == 1) {
-          kernels::column_sq_dev_f64(px + j0, n, c, j1 - j0, mean_.data() + j0, ssd + j0);
-        } else {
-          for (std::size_t r = 0; r < n; ++r)
-            for (std::size_t j = j0; j < j1; ++j) ssd[j] += kernels::plane_sq_dev(px + (r * c + j) * sp, sp, mean_[j]);
-        }
-      });
-      if (sync) sync->allreduce_sum(std::span<double>(ssd, c), "SyncBatchNorm variance");
-      for (std::size_t j = 0; j < c; ++j) {
-        invstd_[j] = static_cast<float>(1.0 / std::sqrt(ssd[j] / total + eps_));
-        running_mean_[j] = (1.0f - momentum_) * running_mean_[j] + momentum_ * mean_[j];
-        running_var_[j] = (1.0f - momentum_) * running_var_[j] + momentum_ * static_cast<float>(ssd[j] / (total - 1));
-      }
-      count_ = total;
-      synced_ = sync != nullptr;
-      ++num_batches_tracked_;
-    } else {
+    if (!ctx.training) {
       for (std::size_t j = 0; j < c; ++j) {
         mean_[j] = running_mean_[j];
         invstd_[j] = 1.0f / std::sqrt(running_var_[j] + eps_);
       }
+      return;
     }
-    const float* px = x.data();
-    const float* g = weight_.data();
-    const float* b = bias_.data();
-    float* xh = xhat_.data();
-    float* py = y.data();
+    Collectives* sync = sync_ ? ctx.collectives : nullptr;
+    auto& sum = scratch_;  // [sum x (c)] [count] [sum (x - mean)^2 (c)]
+    sum.assign(2 * c + 1, 0.0);
     for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
-      if (sp == 1) {
-        kernels::normalize_columns(px + j0, n, c, j1 - j0, mean_.data() + j0, invstd_.data() + j0, g + j0, b + j0,
-                                   xh + j0, py + j0);
-      } else {
-        for (std::size_t r = 0; r < n; ++r)
-          for (std::size_t j = j0; j < j1; ++j) {
-            const std::size_t o = (r * c + j) * sp;
-            const float m = mean_[j], is = invstd_[j], gj = g[j], bj = b[j];
-            for (std::size_t i = 0; i < sp; ++i) {
-              const float v = (px[o + i] - m) * is;
-              xh[o + i] = v;
-              py[o + i] = gj * v + bj;
-            }
-          }
-      }
+      if constexpr (std::is_same_v<S, float>)
+        if (sp == 1) return kernels::column_sums_f64(px + j0, n, c, j1 - j0, sum.data() + j0);
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t j = j0; j < j1; ++j) sum[j] += kernels::planes::sum(px + (r * c + j) * sp, sp);
+    });
+    sum[c] = static_cast<double>(n * sp);
+    if (sync) sync->allreduce_sum(std::span<double>(sum.data(), c + 1), "SyncBatchNorm mean");
+    const double total = sum[c];
+    XTRAIN_CHECK(total > 1, ValueError, describe(),
+                 ": expected more than 1 value per channel when training, got input of shape ", shape.str(),
+                 " (use a batch of 2 or more, or drop_last)");
+    for (std::size_t j = 0; j < c; ++j) mean_[j] = static_cast<float>(sum[j] / total);
+    double* ssd = sum.data() + c + 1;
+    for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
+      if constexpr (std::is_same_v<S, float>)
+        if (sp == 1) return kernels::column_sq_dev_f64(px + j0, n, c, j1 - j0, mean_.data() + j0, ssd + j0);
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t j = j0; j < j1; ++j) ssd[j] += kernels::planes::sq_dev(px + (r * c + j) * sp, sp, mean_[j]);
+    });
+    if (sync) sync->allreduce_sum(std::span<double>(ssd, c), "SyncBatchNorm variance");
+    for (std::size_t j = 0; j < c; ++j) {
+      invstd_[j] = static_cast<float>(1.0 / std::sqrt(ssd[j] / total + eps_));
+      running_mean_[j] = (1.0f - momentum_) * running_mean_[j] + momentum_ * mean_[j];
+      running_var_[j] = (1.0f - momentum_) * running_var_[j] + momentum_ * static_cast<float>(ssd[j] / (total - 1));
+    }
+    count_ = total;
+    synced_ = sync != nullptr;
+    ++num_batches_tracked_;
+  }
+
+  // Rows [N, C] (fp32): writes y; keeps x-hat and the statistics for backward.
+  const Matrix& forward_f32(Context& ctx, const Matrix& x, Matrix& y) {
+    const std::size_t n = x.shape(0), c = features_;
+    xhat_.resize(x.shape());
+    y.resize(x.shape());
+    statistics(ctx, x.data(), x.shape(), 1);
+    for_features(ctx, n, [&](std::size_t j0, std::size_t j1) {
+      kernels::normalize_columns(x.data() + j0, n, c, j1 - j0, mean_.data() + j0, invstd_.data() + j0,
+                                 weight_.data() + j0, bias_.data() + j0, xhat_.data() + j0, y.data() + j0);
     });
     return y;
   }
 
+  // Planes: y in the activations' type; keeps x (the caller's tensor, alive until backward, as
+  // every layer's input) and the statistics for backward.
+  template <class T>
+  const Tensor<T>& forward_planes(Context& ctx, const Tensor<T>& x) {
+    const std::size_t n = x.shape(0), c = features_, sp = spatial_size(x.shape());
+    statistics(ctx, x.data(), x.shape(), sp);
+    planes_ = true;
+    x_ = &x;
+    Tensor<T>& y = out_.get<T>();
+    y.resize(x.shape());
+    const float* g = weight_.data();
+    const float* b = bias_.data();
+    for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t j = j0; j < j1; ++j) {
+          const std::size_t o = (r * c + j) * sp;
+          kernels::planes::normalize(x.data() + o, sp, mean_[j], invstd_[j], g[j], b[j], y.data() + o);
+        }
+    });
+    return y;
+  }
+
+  // Planes: dgamma, dbeta and dx (in grad_) from dy, x and the statistics of the last forward.
+  template <class T>
+  const Tensor<T>& backward_planes(Context& ctx, const Tensor<T>& dy) {
+    const Tensor<T>& x = *static_cast<const Tensor<T>*>(x_);
+    XTRAIN_CHECK(dy.shape() == x.shape(), ShapeError, describe(), ": gradient has shape ", dy.shape().str(),
+                 ", expected ", x.shape().str());
+    const std::size_t n = x.shape(0), c = features_, sp = spatial_size(x.shape());
+    auto& sum = scratch_;
+    sum.assign(2 * c, 0.0);  // [sum dy, sum dy * xhat]
+    for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t j = j0; j < j1; ++j) {
+          const std::size_t o = (r * c + j) * sp;
+          kernels::planes::sum_dot_xhat(dy.data() + o, x.data() + o, sp, mean_[j], invstd_[j], sum[j], sum[c + j]);
+        }
+    });
+    Tensor<T>& dx = grad_.get<T>();
+    if (!accumulate_affine_grads(ctx, sum)) {
+      dx.resize({0});
+      return dx;
+    }
+    dx.resize(x.shape());
+    for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t j = j0; j < j1; ++j) {
+          const std::size_t o = (r * c + j) * sp;
+          kernels::planes::input_grad(dy.data() + o, x.data() + o, sp, mean_[j], invstd_[j], scale_[j], mean_dy_[j],
+                                      mean_dy_xhat_[j], dx.data() + o);
+        }
+    });
+    return dx;
+  }
+
+  // dgamma += sum[c + j], dbeta += sum[j] (sum: [sum dy (c)] [sum dy * xhat (c)], this rank's
+  // share: the gradient reduction sums the ranks). When ctx.input_grad, sets scale_, mean_dy_
+  // and mean_dy_xhat_ for dx = scale * (dy - mean_dy - xhat * mean_dy_xhat), the means over the
+  // rows the statistics came from (all ranks' for SyncBatchNorm; zero in eval mode), and returns
+  // true.
+  bool accumulate_affine_grads(Context& ctx, std::vector<double, memory::Allocator<double>>& sum) {
+    const std::size_t c = features_;
+    float* gw = weight_.grad();
+    float* gb = bias_.grad();
+    for (std::size_t j = 0; j < c; ++j) {
+      gw[j] += static_cast<float>(sum[c + j]);
+      gb[j] += static_cast<float>(sum[j]);
+    }
+    if (!ctx.input_grad) return false;
+    if (training_ && synced_ && ctx.collectives) ctx.collectives->allreduce_sum(sum, "SyncBatchNorm backward");
+    const float* g = weight_.data();
+    for (std::size_t j = 0; j < c; ++j) {
+      mean_dy_[j] = training_ ? static_cast<float>(sum[j] / count_) : 0.0f;
+      mean_dy_xhat_[j] = training_ ? static_cast<float>(sum[c + j] / count_) : 0.0f;
+      scale_[j] = g[j] * invstd_[j];
+    }
+    return true;
+  }
+
+  // Rows [N, C] (fp32): dgamma, dbeta and dx from dy and the saved x-hat.
   const Matrix& backward_f32(Context& ctx, const Matrix& dy, Matrix& dx) {
-    const std::size_t n = xhat_.shape(0), c = features_, sp = spatial_size(xhat_.shape());
+    const std::size_t n = xhat_.shape(0), c = features_;
     XTRAIN_CHECK(dy.shape() == xhat_.shape(), ShapeError, describe(), ": gradient has shape ", dy.shape().str(),
                  ", expected ", xhat_.shape().str());
     auto& sum = scratch_;
     sum.assign(2 * c, 0.0);  // [sum dy, sum dy * xhat]
-    const float* pd = dy.data();
-    const float* xh = xhat_.data();
-    for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
-      if (sp == 1) {
-        kernels::column_sum_dot_f64(pd + j0, xh + j0, n, c, j1 - j0, sum.data() + j0, sum.data() + c + j0);
-      } else {
-        for (std::size_t r = 0; r < n; ++r)
-          for (std::size_t j = j0; j < j1; ++j) {
-            const std::size_t o = (r * c + j) * sp;
-            sum[j] += kernels::plane_sum(pd + o, sp);
-            sum[c + j] += kernels::plane_dot(pd + o, xh + o, sp);
-          }
-      }
+    for_features(ctx, n, [&](std::size_t j0, std::size_t j1) {
+      kernels::column_sum_dot_f64(dy.data() + j0, xhat_.data() + j0, n, c, j1 - j0, sum.data() + j0,
+                                  sum.data() + c + j0);
     });
-    float* gw = weight_.grad();
-    float* gb = bias_.grad();
-    for (std::size_t j = 0; j < c; ++j) {  // this rank's share: the gradient reduction sums the ranks
-      gw[j] += static_cast<float>(sum[c + j]);
-      gb[j] += static_cast<float>(sum[j]);
-    }
-    if (!ctx.input_grad) {
+    if (!accumulate_affine_grads(ctx, sum)) {
       dx.resize({0});
       return dx;
     }
     dx.resize(xhat_.shape());
-    const float* g = weight_.data();
-    float* pdx = dx.data();
-    if (training_) {
-      // dx = gamma * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)), means over the rows the
-      // statistics came from (all ranks' for SyncBatchNorm).
-      if (synced_ && ctx.collectives) ctx.collectives->allreduce_sum(sum, "SyncBatchNorm backward");
-      for (std::size_t j = 0; j < c; ++j) {
-        mean_dy_[j] = static_cast<float>(sum[j] / count_);
-        mean_dy_xhat_[j] = static_cast<float>(sum[c + j] / count_);
-        scale_[j] = g[j] * invstd_[j];
-      }
-      for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
-        if (sp == 1) {
-          kernels::batch_norm_dx_columns(pd + j0, xh + j0, n, c, j1 - j0, scale_.data() + j0, mean_dy_.data() + j0,
-                                         mean_dy_xhat_.data() + j0, pdx + j0);
-        } else {
-          for (std::size_t r = 0; r < n; ++r)
-            for (std::size_t j = j0; j < j1; ++j) {
-              const std::size_t o = (r * c + j) * sp;
-              const float k = g[j] * invstd_[j], md = mean_dy_[j], mdx = mean_dy_xhat_[j];
-              for (std::size_t i = 0; i < sp; ++i) pdx[o + i] = k * (pd[o + i] - md - xh[o + i] * mdx);
-            }
-        }
-      });
-    } else {
-      for (std::size_t r = 0; r < n; ++r)
-        for (std::size_t j = 0; j < c; ++j) {
-          const std::size_t o = (r * c + j) * sp;
-          for (std::size_t i = 0; i < sp; ++i) pdx[o + i] = pd[o + i] * g[j] * invstd_[j];
-        }
-    }
+    for_features(ctx, n, [&](std::size_t j0, std::size_t j1) {
+      kernels::batch_norm_dx_columns(dy.data() + j0, xhat_.data() + j0, n, c, j1 - j0, scale_.data() + j0,
+                                     mean_dy_.data() + j0, mean_dy_xhat_.data() + j0, dx.data() + j0);
+    });
     return dx;
   }
 
@@ -297,10 +326,12 @@ class BatchNorm {
   std::int64_t num_batches_tracked_ = 0;
   std::vector<float> mean_, invstd_, mean_dy_, mean_dy_xhat_, scale_;  // per feature
   std::vector<double, memory::Allocator<double>> scratch_;             // the sums of a pass (the backend's memory)
-  bool training_ = true, sync_ = false, synced_ = false;
-  double count_ = 0.0;     // rows the last training statistics came from
-  Matrix xhat_, y_, dx_;   // fp32: x-hat (kept for backward), output, input gradient
-  ActivationBuffers out_;  // bf16/fp16: output or input gradient
+  bool training_ = true, sync_ = false, synced_ = false, planes_ = false;
+  double count_ = 0.0;       // rows the last training statistics came from
+  Matrix xhat_, y_, dx_;     // rows, fp32: x-hat (kept for backward), output, input gradient
+  ActivationBuffers out_;    // rows, bf16/fp16: output or input gradient; planes: output
+  ActivationBuffers grad_;   // planes: input gradient
+  const void* x_ = nullptr;  // planes: the Tensor<T> of the last forward
 };
 
 /// Over [N, C] or [N, C, L] (PyTorch's nn.BatchNorm1d).

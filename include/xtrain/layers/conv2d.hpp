@@ -378,22 +378,26 @@ class Conv2d {
 #endif
   }
 
-  // y[outs planes] = the correlation of framed fp32 planes xf (`channels` of them) with group g's
-  // weights w (fp32 [outs][channels][taps]; pair_weights_ when paired).
+  // y (fp32 [outs][OH][OW][L]) = bias + the correlation of `channels` planes of `count` images
+  // (`image` values apart) with group g's weights w (fp32 [outs][channels][taps], or
+  // pair_weights_ when paired), in window win (Frame f); the planes framed into `scratch` (fp32)
+  // or its channel-pair words (bf16 products).
   template <class T>
-  void lanes_correlate([[maybe_unused]] backend::Workspace& ws, const float* xf, std::size_t channels, const float* w,
+  void lanes_correlate(const T* x, std::size_t image, std::size_t count, std::size_t channels, const float* w,
                        [[maybe_unused]] std::size_t g, const float* bias, std::size_t outs, const kernels::Window& win,
-                       const kernels::lanes::Frame& f, float* y) {
+                       const kernels::lanes::Frame& f, void* scratch, float* y) {
 #if XTRAIN_HAS_AVX512_BF16
     if constexpr (image_lanes_bf16_products<T>) {
       const std::size_t pairs = (channels + 1) / 2, taps = win.kernel.h * win.kernel.w;
-      std::uint32_t* words = ws.get<std::uint32_t>(backend::Workspace::Slot::words_a, pairs * f.in_plane);
-      kernels::lanes::pairs::pack_planes(xf, channels, f.in_plane, words);
+      auto* words = static_cast<std::uint32_t*>(scratch);
+      kernels::lanes::pairs::frame_pairs(x, image, count, channels, win, f, words);
       kernels::lanes::pairs::forward(words, channels, pair_weights_.data() + g * outs * pairs * taps, bias, outs, win,
                                      f, y);
       return;
     }
 #endif
+    auto* xf = static_cast<float*>(scratch);
+    kernels::lanes::frame_input(x, image, count, channels, win, f, simd::lanes<>, xf);
     kernels::lanes::forward(xf, channels, w, bias, outs, win, f, y);
   }
 
@@ -405,28 +409,46 @@ class Conv2d {
       kernels::direct::flip_kernel(weight_.data() + g * og * kg, og, cg, window_.kernel, flipped_.data() + g * og * kg);
   }
 
-  // The weight gradients of `outs` x `channels` kernels from dy framed for the input gradient
-  // (fd) and x framed (fx), written to dw; bf16 multiply-adds when paired.
+  // Group g of `count` images of x and dy (from image s0): the weight gradient written to dw and,
+  // when dx is not null, the input gradient to dx (through dxt); framed in the thread's workspace.
+  // bf16 products pair dy's columns, x's columns and dy's channels; fp32 frames dy once for both.
   template <class T>
-  void lanes_weight_grad([[maybe_unused]] backend::Workspace& ws, const float* dyf, const kernels::lanes::Frame& fd,
-                         std::size_t outs, const float* xf, const kernels::lanes::Frame& fx, std::size_t channels,
-                         float* dw) {
+  void lanes_backward(backend::Workspace& ws, const T* x, const T* dy, std::size_t s0, std::size_t count, std::size_t g,
+                      float* dw, float* dxt, T* dx) {
+    constexpr std::size_t L = simd::lanes<>;
+    const kernels::Window gd = kernels::lanes::input_grad_window(window_);
+    const kernels::lanes::Frame fx(window_, L), fd(gd, L);
+    const std::size_t cg = in_ / groups_, og = out_ / groups_, plane = window_.out_plane(),
+                      in_plane = window_.in_plane(), x_image = in_ * in_plane, dy_image = out_ * plane;
+    const T* xg = x + (s0 * in_ + g * cg) * in_plane;
+    const T* dyg = dy + (s0 * out_ + g * og) * plane;
+    T* dxg = dx ? dx + (s0 * in_ + g * cg) * in_plane : nullptr;
 #if XTRAIN_HAS_AVX512_BF16
     if constexpr (image_lanes_bf16_products<T>) {
-      constexpr std::size_t L = 16;
-      const std::size_t dy_plane = window_.oh * ((window_.ow + 1) / 2) * L;
+      const std::size_t dy_plane = window_.oh * ((window_.ow + 1) / 2) * L, pairs = (cg + 1) / 2;
       std::uint32_t* dyw =
-          ws.get<std::uint32_t>(backend::Workspace::Slot::words_b, outs * dy_plane + channels * fx.in_plane);
-      std::uint32_t* xw = dyw + outs * dy_plane;
-      for (std::size_t o = 0; o < outs; ++o)
-        kernels::lanes::pairs::pack_output_pairs(dyf + o * fd.in_plane, fd, window_.oh, window_.ow, dyw + o * dy_plane);
-      for (std::size_t c = 0; c < channels; ++c)
-        kernels::lanes::pairs::pack_column_pairs(xf + c * fx.in_plane, fx.hf, fx.wf, fx.wf, xw + c * fx.in_plane);
-      kernels::lanes::pairs::weight_grad(dyw, outs, xw, fx, channels, window_, dw);
+          ws.get<std::uint32_t>(backend::Workspace::Slot::words_b, og * dy_plane + (cg + pairs) * fx.in_plane);
+      std::uint32_t* xw = dyw + og * dy_plane;
+      std::uint32_t* xp = xw + cg * fx.in_plane;
+      kernels::lanes::pairs::output_pairs(dyg, dy_image, count, og, window_, dyw);
+      kernels::lanes::pairs::frame_pairs(xg, x_image, count, cg, window_, fx, xp);
+      kernels::lanes::pairs::column_pairs(xp, cg, fx, xw);
+      kernels::lanes::pairs::weight_grad(dyw, og, xw, fx, cg, window_, dw);
+      if (!dx) return;
+      std::uint32_t* dyp = ws.get<std::uint32_t>(backend::Workspace::Slot::words_a, (og + 1) / 2 * fd.in_plane);
+      lanes_correlate(dyg, dy_image, count, og, nullptr, g, nullptr, cg, gd, fd, dyp, dxt);
+      kernels::lanes::unframe(dxt, cg, in_plane, count, L, dxg, x_image);
       return;
     }
 #endif
-    kernels::lanes::weight_grad(dyf, fd, outs, xf, fx, channels, window_, dw);
+    float* dyf = ws.get<float>(backend::Workspace::Slot::words_b, og * fd.in_plane + cg * fx.in_plane);
+    float* xf = dyf + og * fd.in_plane;
+    kernels::lanes::frame_input(dyg, dy_image, count, og, gd, fd, L, dyf);
+    kernels::lanes::frame_input(xg, x_image, count, cg, window_, fx, L, xf);
+    kernels::lanes::weight_grad(dyf, fd, og, xf, fx, cg, window_, dw);
+    if (!dx) return;
+    kernels::lanes::forward(dyf, og, flipped_.data() + g * og * fan_in(), nullptr, cg, gd, fd, dxt);
+    kernels::lanes::unframe(dxt, cg, in_plane, count, L, dxg, x_image);
   }
 
   // Images in groups of one per SIMD lane (kernels/conv_lanes.hpp), the groups split over the
@@ -440,15 +462,14 @@ class Conv2d {
     if constexpr (image_lanes_bf16_products<T>) pack_pair_weights(weight_.data(), og, cg);
     backend::parallel_for(ctx.executor, blocks, 1, 1, [&](std::size_t begin, std::size_t end) {
       const backend::WorkspaceFor ws(ctx.executor);
-      float* yt = ws->get<float>(backend::Workspace::Slot::planes, og * f.out_plane + cg * f.in_plane);
-      float* xf = yt + og * f.out_plane;
+      float* yt = ws->get<float>(backend::Workspace::Slot::planes, og * f.out_plane);
+      void* scratch = ws->get<float>(backend::Workspace::Slot::words_a, cg * f.in_plane);  // fp32 >= pair words
       for (std::size_t b = begin; b < end; ++b) {
         const std::size_t s0 = b * L, count = std::min(L, n - s0);
         for (std::size_t g = 0; g < groups_; ++g) {
-          kernels::lanes::frame_input(x.data() + (s0 * in_ + g * cg) * in_plane, in_ * in_plane, count, cg, window_, f,
-                                      L, xf);
-          lanes_correlate<T>(*ws, xf, cg, weight_.data() + g * og * kg, g, has_bias() ? bias_.data() + g * og : nullptr,
-                             og, window_, f, yt);
+          lanes_correlate(x.data() + (s0 * in_ + g * cg) * in_plane, in_ * in_plane, count, cg,
+                          weight_.data() + g * og * kg, g, has_bias() ? bias_.data() + g * og : nullptr, og, window_, f,
+                          scratch, yt);
           kernels::lanes::unframe(yt, og, plane, count, L, y.data() + (s0 * out_ + g * og) * plane, out_ * plane);
         }
       }
@@ -459,10 +480,8 @@ class Conv2d {
   template <class T>
   void backward_lanes(Context& ctx, const Tensor<T>& x, const Tensor<T>& dy, T* dx) {
     constexpr std::size_t L = simd::lanes<>;
-    const kernels::Window gd = kernels::lanes::input_grad_window(window_);
-    const kernels::lanes::Frame fx(window_, L), fd(gd, L);
-    const std::size_t n = x.shape(0), cg = in_ / groups_, og = out_ / groups_, kg = fan_in(),
-                      plane = window_.out_plane(), in_plane = window_.in_plane(), wsize = weight_.size(),
+    const kernels::lanes::Frame fd(kernels::lanes::input_grad_window(window_), L);
+    const std::size_t n = x.shape(0), cg = in_ / groups_, og = out_ / groups_, kg = fan_in(), wsize = weight_.size(),
                       blocks = (n + L - 1) / L;
     partials_.resize(blocks * wsize);
     if (dx) {
@@ -471,23 +490,11 @@ class Conv2d {
     }
     backend::parallel_for(ctx.executor, blocks, 1, 1, [&](std::size_t begin, std::size_t end) {
       const backend::WorkspaceFor ws(ctx.executor);
-      float* dyf = ws->get<float>(backend::Workspace::Slot::planes,
-                                  og * fd.in_plane + (dx ? cg * fd.out_plane : 0) + cg * fx.in_plane);
-      float* dxt = dyf + og * fd.in_plane;
-      float* xf = dxt + (dx ? cg * fd.out_plane : 0);
-      for (std::size_t b = begin; b < end; ++b) {
-        const std::size_t s0 = b * L, count = std::min(L, n - s0);
-        for (std::size_t g = 0; g < groups_; ++g) {
-          kernels::lanes::frame_input(x.data() + (s0 * in_ + g * cg) * in_plane, in_ * in_plane, count, cg, window_, fx,
-                                      L, xf);
-          kernels::lanes::frame_input(dy.data() + (s0 * out_ + g * og) * plane, out_ * plane, count, og, gd, fd, L,
-                                      dyf);
-          lanes_weight_grad<T>(*ws, dyf, fd, og, xf, fx, cg, partials_.data() + b * wsize + g * og * kg);
-          if (!dx) continue;
-          lanes_correlate<T>(*ws, dyf, og, flipped_.data() + g * og * kg, g, nullptr, cg, gd, fd, dxt);
-          kernels::lanes::unframe(dxt, cg, in_plane, count, L, dx + (s0 * in_ + g * cg) * in_plane, in_ * in_plane);
-        }
-      }
+      float* dxt = dx ? ws->get<float>(backend::Workspace::Slot::planes, cg * fd.out_plane) : nullptr;
+      for (std::size_t b = begin; b < end; ++b)
+        for (std::size_t g = 0; g < groups_; ++g)
+          lanes_backward(*ws, x.data(), dy.data(), b * L, std::min(L, n - b * L), g,
+                         partials_.data() + b * wsize + g * og * kg, dxt, dx);
     });
     float* gw = weight_.grad();
     for (std::size_t b = 0; b < blocks; ++b) {
