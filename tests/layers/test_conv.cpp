@@ -9,6 +9,7 @@
 //  - gradcheck of every new layer; bf16/fp16 close to fp32; the errors a user meets.
 // The hidden "[.export_cnn]" test writes the example's three models, trained 2 steps, for
 // tests/torch_cnn_interop.py (ctest interop.torch_cnn_<model>).
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -117,9 +118,9 @@ TEST_CASE("Conv2d picks image_lanes for same-padded 3x3 and 5x5 kernels, direct 
   const nn::Conv2d c64(32, 64, 3, 1, 1);
   CHECK(c64.algorithm() == lanes_or_im2col);
   CHECK(c64.algorithm<bf16>() == lanes_or_im2col);
-  // One input channel: bf16 products would leave half of each channel pair empty.
-  CHECK(nn::Conv2d(1, 32, 3, 1, 1).algorithm<bf16>() ==
-        (avx512 && !pairs ? Algorithm::image_lanes : Algorithm::im2col));
+  // One input channel and same padding: image_lanes, its forward in fp32 (a channel pair would
+  // be half empty), its weight gradient on column pairs.
+  CHECK(nn::Conv2d(1, 32, 3, 1, 1).algorithm<bf16>() == lanes_or_im2col);
   CHECK_FALSE(nn::Conv2d::image_lanes_bf16_products<float>);
   // A batch that leaves more than a fifth of the lanes idle: the per-image algorithms.
   CHECK(c64.algorithm(L / 2) == Algorithm::im2col);
@@ -272,8 +273,8 @@ TEMPLATE_TEST_CASE("MaxPool2d in 16-bit picks the maximum of the rounded values,
   REQUIRE(dx_widened == dx_expected);
 }
 
-TEMPLATE_TEST_CASE("BatchNorm2d in 16-bit is fp32's arithmetic on the rounded values, rounded once", "[conv][precision]",
-                   bf16, fp16) {
+TEMPLATE_TEST_CASE("BatchNorm2d in 16-bit is fp32's arithmetic on the rounded values, rounded once",
+                   "[conv][precision]", bf16, fp16) {
   // Planes of 63 values (a tail past the groups of 16) and of 289 (two chunks of widening).
   for (const Shape& shape : {Shape{2, 3, 7, 9}, Shape{3, 4, 17, 17}}) {
     INFO("input " << shape.str());
@@ -311,6 +312,52 @@ TEMPLATE_TEST_CASE("BatchNorm2d in 16-bit is fp32's arithmetic on the rounded va
       REQUIRE(a.bias().grads()[j] == b.bias().grads()[j]);
     }
   }
+}
+
+TEMPLATE_TEST_CASE("Sequential runs a ReLU after BatchNorm inside it: the same values as the two layers", "[conv]",
+                   float, bf16) {
+  const Shape shape{3, 4, 5, 13};  // planes of 65: a tail past the groups of 16
+  Tensor<TestType> x(shape), dy(shape);
+  const Matrix x32 = random_tensor(shape, 31), dy32 = random_tensor(shape, 32);
+  kernels::from_float(x32.data(), x.data(), x.size());
+  kernels::from_float(dy32.data(), dy.data(), dy.size());
+  auto make_bn = [] {
+    nn::BatchNorm2d bn{4};
+    for (std::size_t j = 0; j < 4; ++j) bn.bias().values()[j] = 0.3f * static_cast<float>(j) - 0.4f;
+    return bn;
+  };
+  nn::Sequential fused{make_bn(), nn::ReLU{}};
+  nn::BatchNorm2d bn = make_bn();
+  nn::ReLU relu;
+  for (const bool training : {true, false}) {
+    INFO((training ? "training" : "eval"));
+    Context ctx;
+    ctx.training = training;
+    const Tensor<TestType> y = fused.forward(ctx, x);
+    REQUIRE(fused.template get<0>().relu_applied());
+    const Tensor<TestType>& expected = relu.forward(ctx, bn.forward(ctx, x));
+    REQUIRE(!bn.relu_applied());
+    REQUIRE(y.shape() == expected.shape());
+    REQUIRE(std::equal(y.data(), y.data() + y.size(), expected.data(),
+                       [](TestType a, TestType b) { return kernels::widen(a) == kernels::widen(b); }));
+    const Tensor<TestType>& dx = fused.backward(ctx, dy);
+    const Tensor<TestType>& dx_expected = bn.backward(ctx, relu.backward(ctx, dy));
+    REQUIRE(dx.shape() == dx_expected.shape());
+    REQUIRE(std::equal(dx.data(), dx.data() + dx.size(), dx_expected.data(),
+                       [](TestType a, TestType b) { return kernels::widen(a) == kernels::widen(b); }));
+    nn::BatchNorm2d& inner = fused.template get<0>();
+    for (std::size_t j = 0; j < 4; ++j) {
+      REQUIRE(inner.weight().grads()[j] == bn.weight().grads()[j]);
+      REQUIRE(inner.bias().grads()[j] == bn.bias().grads()[j]);
+    }
+  }
+  // Over [N, C] rows BatchNorm does not fuse: the ReLU layer runs.
+  nn::Sequential rows{nn::BatchNorm1d{4}, nn::ReLU{}};
+  Context ctx;
+  const Matrix r = random_tensor({6, 4}, 33);
+  const Matrix& yr = rows.forward(ctx, r);
+  REQUIRE(!rows.get<0>().relu_applied());
+  REQUIRE(std::all_of(yr.data(), yr.data() + yr.size(), [](float v) { return v >= 0.0f; }));
 }
 
 TEST_CASE("Pooling and BatchNorm2d edge cases: NaN, windows in the padding, an empty batch", "[conv]") {

@@ -86,12 +86,13 @@ TEST_CASE("Conv2d's image_lanes in bf16 stays within bf16 rounding of the scalar
   // bf16 activations: with AVX512_BF16 the forward and the input gradient multiply in bf16
   // (vdpbf16ps on channel pairs, the weights rounded to bf16), and the weight gradient on pairs
   // of output columns; elsewhere in fp32. Odd channel counts and odd output widths leave a pair
-  // half empty.
+  // half empty; a single channel per group (one input, one output, depthwise) runs that
+  // direction's correlation in fp32.
   struct Case {
     std::size_t n, c, o, hw, k, pad, groups;
   };
   for (const Case& t : {Case{19, 3, 5, 9, 3, 1, 1}, Case{16, 6, 16, 14, 5, 2, 1}, Case{17, 4, 6, 7, 3, 1, 2},
-                        Case{3, 1, 4, 6, 5, 2, 1}}) {
+                        Case{3, 1, 4, 6, 5, 2, 1}, Case{17, 2, 1, 8, 3, 1, 1}, Case{16, 4, 4, 7, 3, 1, 4}}) {
     INFO("N=" << t.n << " C=" << t.c << " O=" << t.o << " " << t.hw << "x" << t.hw << " k=" << t.k << " p=" << t.pad
               << " g=" << t.groups);
     set_seed(6);

@@ -89,9 +89,10 @@ double sq_dev(const S* x, std::size_t n, float mean) noexcept {
   return detail::total(acc, rest);
 }
 
-/// y = gamma * (x - mean) * invstd + beta over a plane of n values, rounded to S.
+/// y = gamma * (x - mean) * invstd + beta over a plane of n values, rounded to S; with `relu`,
+/// max(y, 0) (as ReLU's kernel: NaN and -0 give +0).
 template <class S>
-void normalize(const S* x, std::size_t n, float mean, float invstd, float gamma, float beta, S* y) noexcept {
+void normalize(const S* x, std::size_t n, float mean, float invstd, float gamma, float beta, bool relu, S* y) noexcept {
   using detail::B;
   alignas(64) float buf[detail::chunk], out[detail::chunk];
   const B m(mean), is(invstd), g(gamma), b(beta);
@@ -101,24 +102,31 @@ void normalize(const S* x, std::size_t n, float mean, float invstd, float gamma,
     float* o = out;
     if constexpr (std::is_same_v<S, float>) o = y + i0;
     std::size_t i = 0;
-    for (; i + B::size <= len; i += B::size)
-      xsimd::fma(g, (B::load_unaligned(v + i) - m) * is, b).store_unaligned(o + i);
-    for (; i < len; ++i) o[i] = gamma * ((v[i] - mean) * invstd) + beta;
+    for (; i + B::size <= len; i += B::size) {
+      B r = xsimd::fma(g, (B::load_unaligned(v + i) - m) * is, b);
+      if (relu) r = xsimd::max(r, B(0.0f));
+      r.store_unaligned(o + i);
+    }
+    for (; i < len; ++i) {
+      const float r = gamma * ((v[i] - mean) * invstd) + beta;
+      o[i] = relu && !(r > 0.0f) ? 0.0f : r;
+    }
     if constexpr (!std::is_same_v<S, float>) from_float(out, y + i0, len);
   }
 }
 
 /// sum_dy += the sum of dy and sum_dy_xhat += the sum of dy * x-hat over a plane of n values,
-/// x-hat = (x - mean) * invstd (as normalize computes it).
+/// x-hat = (x - mean) * invstd (as normalize computes it). With `relu`, dy is first zeroed where
+/// normalize's output gamma * x-hat + beta (recomputed) is not positive: ReLU's backward.
 template <class S>
-void sum_dot_xhat(const S* dy, const S* x, std::size_t n, float mean, float invstd, double& sum_dy,
-                  double& sum_dy_xhat) noexcept {
+void sum_dot_xhat(const S* dy, const S* x, std::size_t n, float mean, float invstd, float gamma, float beta, bool relu,
+                  double& sum_dy, double& sum_dy_xhat) noexcept {
   using detail::B, detail::K;
   alignas(64) float gbuf[detail::chunk], vbuf[detail::chunk];
   B s[K], d[K];
   for (std::size_t k = 0; k < K; ++k) s[k] = d[k] = B(0.0f);
   double s_rest = 0.0, d_rest = 0.0;
-  const B m(mean), is(invstd);
+  const B m(mean), is(invstd), ga(gamma), be(beta);
   for (std::size_t i0 = 0; i0 < n; i0 += detail::chunk) {
     const std::size_t len = std::min(detail::chunk, n - i0);
     const float* g = detail::widened(dy + i0, len, gbuf);
@@ -127,28 +135,32 @@ void sum_dot_xhat(const S* dy, const S* x, std::size_t n, float mean, float invs
     for (; i + 16 <= len; i += 16)
       for (std::size_t k = 0; k < K; ++k) {
         const std::size_t at = i + k * B::size;
-        const B gv = B::load_unaligned(g + at);
+        const B xhat = (B::load_unaligned(v + at) - m) * is;
+        B gv = B::load_unaligned(g + at);
+        if (relu) gv = xsimd::select(xsimd::fma(ga, xhat, be) > B(0.0f), gv, B(0.0f));
         s[k] += gv;
-        d[k] = xsimd::fma(gv, (B::load_unaligned(v + at) - m) * is, d[k]);
+        d[k] = xsimd::fma(gv, xhat, d[k]);
       }
     for (; i < len; ++i) {
-      s_rest += g[i];
-      d_rest += static_cast<double>(g[i]) * ((v[i] - mean) * invstd);
+      const float xhat = (v[i] - mean) * invstd;
+      const float gi = relu && !(gamma * xhat + beta > 0.0f) ? 0.0f : g[i];
+      s_rest += gi;
+      d_rest += static_cast<double>(gi) * xhat;
     }
   }
   sum_dy += detail::total(s, s_rest);
   sum_dy_xhat += detail::total(d, d_rest);
 }
 
-/// dx = scale * (dy - mean_dy - x-hat * mean_dy_xhat) over a plane of n values, x-hat as in
-/// sum_dot_xhat, rounded to S (BatchNorm's input gradient in training mode; mean_dy =
-/// mean_dy_xhat = 0 gives scale * dy, the eval-mode gradient).
+/// dx = scale * (dy - mean_dy - x-hat * mean_dy_xhat) over a plane of n values, x-hat and dy (zeroed
+/// with `relu`) as in sum_dot_xhat, rounded to S (BatchNorm's input gradient in training mode;
+/// mean_dy = mean_dy_xhat = 0 gives scale * dy, the eval-mode gradient).
 template <class S>
-void input_grad(const S* dy, const S* x, std::size_t n, float mean, float invstd, float scale, float mean_dy,
-                float mean_dy_xhat, S* dx) noexcept {
+void input_grad(const S* dy, const S* x, std::size_t n, float mean, float invstd, float gamma, float beta, bool relu,
+                float scale, float mean_dy, float mean_dy_xhat, S* dx) noexcept {
   using detail::B;
   alignas(64) float gbuf[detail::chunk], vbuf[detail::chunk], out[detail::chunk];
-  const B m(mean), is(invstd), k(scale), md(mean_dy), mdx(mean_dy_xhat);
+  const B m(mean), is(invstd), ga(gamma), be(beta), k(scale), md(mean_dy), mdx(mean_dy_xhat);
   for (std::size_t i0 = 0; i0 < n; i0 += detail::chunk) {
     const std::size_t len = std::min(detail::chunk, n - i0);
     const float* g = detail::widened(dy + i0, len, gbuf);
@@ -158,9 +170,15 @@ void input_grad(const S* dy, const S* x, std::size_t n, float mean, float invstd
     std::size_t i = 0;
     for (; i + B::size <= len; i += B::size) {
       const B xhat = (B::load_unaligned(v + i) - m) * is;
-      (k * xsimd::fnma(xhat, mdx, B::load_unaligned(g + i) - md)).store_unaligned(o + i);
+      B gv = B::load_unaligned(g + i);
+      if (relu) gv = xsimd::select(xsimd::fma(ga, xhat, be) > B(0.0f), gv, B(0.0f));
+      (k * xsimd::fnma(xhat, mdx, gv - md)).store_unaligned(o + i);
     }
-    for (; i < len; ++i) o[i] = scale * (g[i] - mean_dy - ((v[i] - mean) * invstd) * mean_dy_xhat);
+    for (; i < len; ++i) {
+      const float xhat = (v[i] - mean) * invstd;
+      const float gi = relu && !(gamma * xhat + beta > 0.0f) ? 0.0f : g[i];
+      o[i] = scale * (gi - mean_dy - xhat * mean_dy_xhat);
+    }
     if constexpr (!std::is_same_v<S, float>) from_float(out, dx + i0, len);
   }
 }

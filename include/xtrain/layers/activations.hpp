@@ -75,6 +75,8 @@ class Activation {
   void visit(V&) {}
 
   ActivationKind kind() const noexcept { return kind_; }
+  /// Whether this is max(x, 0) (Sequential fuses it into a BatchNorm before it).
+  bool is_relu() const noexcept { return kind_ == ActivationKind::relu; }
   std::string describe() const {
     switch (kind_) {
       case ActivationKind::relu:

@@ -64,6 +64,16 @@ class BatchNorm {
   }
   bool sync_stats() const noexcept { return sync_; }
 
+  /// Applies ReLU to its output over planes: max(y, 0), and ReLU's backward before its own (the
+  /// same values as a ReLU layer after it, without that layer's passes over memory). Sequential
+  /// turns it on for a BatchNorm followed by a ReLU and skips that ReLU whenever relu_applied().
+  BatchNorm& fuse_relu(bool on) noexcept {
+    fuse_relu_ = on;
+    return *this;
+  }
+  /// Whether the last forward applied ReLU (fuse_relu and planes; [N, C] rows never do).
+  bool relu_applied() const noexcept { return relu_applied_; }
+
   /// Added to the variance; Requires eps > 0.
   BatchNorm& eps(float e) {
     XTRAIN_CHECK(e > 0.0f, ValueError, describe(), ": eps ", e, " must be positive");
@@ -79,7 +89,7 @@ class BatchNorm {
   template <ActivationType T>
   const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
     if (spatial(x) > 1) return forward_planes(ctx, x);
-    planes_ = false;
+    planes_ = relu_applied_ = false;
     if constexpr (std::is_same_v<T, float>)
       return forward_f32(ctx, x, y_);
     else
@@ -224,6 +234,7 @@ class BatchNorm {
     const std::size_t n = x.shape(0), c = features_, sp = spatial_size(x.shape());
     statistics(ctx, x.data(), x.shape(), sp);
     planes_ = true;
+    relu_applied_ = fuse_relu_;
     x_ = &x;
     Tensor<T>& y = out_.get<T>();
     y.resize(x.shape());
@@ -233,7 +244,7 @@ class BatchNorm {
       for (std::size_t r = 0; r < n; ++r)
         for (std::size_t j = j0; j < j1; ++j) {
           const std::size_t o = (r * c + j) * sp;
-          kernels::planes::normalize(x.data() + o, sp, mean_[j], invstd_[j], g[j], b[j], y.data() + o);
+          kernels::planes::normalize(x.data() + o, sp, mean_[j], invstd_[j], g[j], b[j], relu_applied_, y.data() + o);
         }
     });
     return y;
@@ -246,13 +257,16 @@ class BatchNorm {
     XTRAIN_CHECK(dy.shape() == x.shape(), ShapeError, describe(), ": gradient has shape ", dy.shape().str(),
                  ", expected ", x.shape().str());
     const std::size_t n = x.shape(0), c = features_, sp = spatial_size(x.shape());
+    const float* g = weight_.data();
+    const float* b = bias_.data();
     auto& sum = scratch_;
     sum.assign(2 * c, 0.0);  // [sum dy, sum dy * xhat]
     for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
       for (std::size_t r = 0; r < n; ++r)
         for (std::size_t j = j0; j < j1; ++j) {
           const std::size_t o = (r * c + j) * sp;
-          kernels::planes::sum_dot_xhat(dy.data() + o, x.data() + o, sp, mean_[j], invstd_[j], sum[j], sum[c + j]);
+          kernels::planes::sum_dot_xhat(dy.data() + o, x.data() + o, sp, mean_[j], invstd_[j], g[j], b[j],
+                                        relu_applied_, sum[j], sum[c + j]);
         }
     });
     Tensor<T>& dx = grad_.get<T>();
@@ -265,8 +279,8 @@ class BatchNorm {
       for (std::size_t r = 0; r < n; ++r)
         for (std::size_t j = j0; j < j1; ++j) {
           const std::size_t o = (r * c + j) * sp;
-          kernels::planes::input_grad(dy.data() + o, x.data() + o, sp, mean_[j], invstd_[j], scale_[j], mean_dy_[j],
-                                      mean_dy_xhat_[j], dx.data() + o);
+          kernels::planes::input_grad(dy.data() + o, x.data() + o, sp, mean_[j], invstd_[j], g[j], b[j], relu_applied_,
+                                      scale_[j], mean_dy_[j], mean_dy_xhat_[j], dx.data() + o);
         }
     });
     return dx;
@@ -326,7 +340,7 @@ class BatchNorm {
   std::int64_t num_batches_tracked_ = 0;
   std::vector<float> mean_, invstd_, mean_dy_, mean_dy_xhat_, scale_;  // per feature
   std::vector<double, memory::Allocator<double>> scratch_;             // the sums of a pass (the backend's memory)
-  bool training_ = true, sync_ = false, synced_ = false, planes_ = false;
+  bool training_ = true, sync_ = false, synced_ = false, planes_ = false, fuse_relu_ = false, relu_applied_ = false;
   double count_ = 0.0;       // rows the last training statistics came from
   Matrix xhat_, y_, dx_;     // rows, fp32: x-hat (kept for backward), output, input gradient
   ActivationBuffers out_;    // rows, bf16/fp16: output or input gradient; planes: output

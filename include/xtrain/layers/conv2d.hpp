@@ -129,12 +129,12 @@ class Conv2d {
   template <ActivationType T = float>
   Algorithm algorithm(std::size_t batch = 64) const noexcept {
     if (algorithm_ != Algorithm::automatic) return algorithm_;
-    // fp32 products: "same" padding (otherwise the input gradient's frame is mostly zeros); bf16
-    // products: pairs of input channels to fill (a single channel leaves half of each pair empty).
+    // "Same" padding (otherwise the input gradient's frame is mostly zeros), or bf16 products with
+    // pairs of input channels to fill.
     const bool same =
         window_.padding.h == (window_.kernel.h - 1) / 2 && window_.padding.w == (window_.kernel.w - 1) / 2;
     // Measured with AVX-512 only: with 8 or 4 lanes (16 registers) the 5 x 5 weight tile spills.
-    const bool shape_fits = image_lanes_bf16_products<T> ? in_ / groups_ >= 2 : same;
+    const bool shape_fits = same || (image_lanes_bf16_products<T> && in_ / groups_ >= 2);
     if (simd::lanes<> >= 16 && kernels::lanes::supports(window_) && shape_fits && image_lanes_fills(batch))
       return Algorithm::image_lanes;
     return kernels::direct::supports(window_) && out_ / groups_ <= direct_max_outputs<T> ? Algorithm::direct
@@ -380,14 +380,16 @@ class Conv2d {
 
   // y (fp32 [outs][OH][OW][L]) = bias + the correlation of `channels` planes of `count` images
   // (`image` values apart) with group g's weights w (fp32 [outs][channels][taps], or
-  // pair_weights_ when paired), in window win (Frame f); the planes framed into `scratch` (fp32)
-  // or its channel-pair words (bf16 products).
+  // pair_weights_ when paired), in window win (Frame f); the planes framed into `scratch` (fp32,
+  // channels * f.in_plane floats) or its channel-pair words (bf16 products, two or more channels:
+  // one channel would leave half of each pair empty).
   template <class T>
   void lanes_correlate(const T* x, std::size_t image, std::size_t count, std::size_t channels, const float* w,
                        [[maybe_unused]] std::size_t g, const float* bias, std::size_t outs, const kernels::Window& win,
                        const kernels::lanes::Frame& f, void* scratch, float* y) {
 #if XTRAIN_HAS_AVX512_BF16
     if constexpr (image_lanes_bf16_products<T>) {
+      if (channels < 2) return lanes_correlate_fp32(x, image, count, channels, w, bias, outs, win, f, scratch, y);
       const std::size_t pairs = (channels + 1) / 2, taps = win.kernel.h * win.kernel.w;
       auto* words = static_cast<std::uint32_t*>(scratch);
       kernels::lanes::pairs::frame_pairs(x, image, count, channels, win, f, words);
@@ -396,6 +398,12 @@ class Conv2d {
       return;
     }
 #endif
+    lanes_correlate_fp32(x, image, count, channels, w, bias, outs, win, f, scratch, y);
+  }
+  template <class T>
+  static void lanes_correlate_fp32(const T* x, std::size_t image, std::size_t count, std::size_t channels,
+                                   const float* w, const float* bias, std::size_t outs, const kernels::Window& win,
+                                   const kernels::lanes::Frame& f, void* scratch, float* y) {
     auto* xf = static_cast<float*>(scratch);
     kernels::lanes::frame_input(x, image, count, channels, win, f, simd::lanes<>, xf);
     kernels::lanes::forward(xf, channels, w, bias, outs, win, f, y);
@@ -435,8 +443,9 @@ class Conv2d {
       kernels::lanes::pairs::column_pairs(xp, cg, fx, xw);
       kernels::lanes::pairs::weight_grad(dyw, og, xw, fx, cg, window_, dw);
       if (!dx) return;
-      std::uint32_t* dyp = ws.get<std::uint32_t>(backend::Workspace::Slot::words_a, (og + 1) / 2 * fd.in_plane);
-      lanes_correlate(dyg, dy_image, count, og, nullptr, g, nullptr, cg, gd, fd, dyp, dxt);
+      void* scratch = ws.get<float>(backend::Workspace::Slot::words_a, og * fd.in_plane);  // fp32 >= pair words
+      lanes_correlate(dyg, dy_image, count, og, flipped_.data() + g * og * fan_in(), g, nullptr, cg, gd, fd, scratch,
+                      dxt);
       kernels::lanes::unframe(dxt, cg, in_plane, count, L, dxg, x_image);
       return;
     }

@@ -40,6 +40,7 @@ class BasicBlock {
         bn2_(out_channels) {
     if (stride != 1 || in_channels != out_channels)
       downsample_.emplace(Conv2d{in_channels, out_channels, 1, stride, 0, 1, 1, false}, BatchNorm2d{out_channels});
+    bn1_.fuse_relu(true);  // relu1 runs inside bn1 (BatchNorm::fuse_relu)
   }
 
   /// Batch statistics of every BatchNorm2d of the block over all ranks (SyncBatchNorm).
@@ -53,7 +54,7 @@ class BasicBlock {
   template <ActivationType T>
   const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
     const Tensor<T>& h1 = xtrain::forward(ctx, bn1_, xtrain::forward(ctx, conv1_, x));
-    const Tensor<T>& a1 = relu1_.forward(ctx, h1);
+    const Tensor<T>& a1 = bn1_.relu_applied() ? h1 : relu1_.forward(ctx, h1);
     const Tensor<T>& h2 = xtrain::forward(ctx, bn2_, xtrain::forward(ctx, conv2_, a1));
     const Tensor<T>& s = downsample_ ? xtrain::forward(ctx, *downsample_, x) : x;
     XTRAIN_CHECK(s.shape() == h2.shape(), ShapeError, describe(), ": input has shape ", x.shape().str(),
@@ -75,7 +76,7 @@ class BasicBlock {
     if (downsample_) dshort = &xtrain::backward(ctx, *downsample_, dsum);
     ctx.input_grad = true;
     const Tensor<T>& d2 = xtrain::backward(ctx, conv2_, xtrain::backward(ctx, bn2_, dsum));
-    const Tensor<T>& d1 = xtrain::backward(ctx, bn1_, relu1_.backward(ctx, d2));
+    const Tensor<T>& d1 = xtrain::backward(ctx, bn1_, bn1_.relu_applied() ? d2 : relu1_.backward(ctx, d2));
     ctx.input_grad = want_input_grad;
     const Tensor<T>& dbody = xtrain::backward(ctx, conv1_, d1);
     Tensor<T>& dx = dx_.get<T>();

@@ -8,6 +8,7 @@
 /// parameters "0.weight", "1.1.weight", ...
 
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -63,7 +64,10 @@ class Sequential {
 
  public:
   explicit Sequential(Layers... layers) : layers_(std::move(layers)...) {
-    [&]<std::size_t... I>(std::index_sequence<I...>) { ((names_[I] = name_of<I>()), ...); }
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((names_[I] = name_of<I>()), ...);
+      (fuse<I>(), ...);
+    }
     (std::index_sequence_for<Layers...>{});
   }
 
@@ -147,18 +151,45 @@ class Sequential {
     return s;
   }
 
+  // Whether module I can apply the ReLU that module I + 1 is (a BatchNorm followed by a ReLU):
+  // then the ReLU runs inside it (BatchNorm::fuse_relu), the same values with two passes over
+  // memory fewer, and this container skips the ReLU whenever the BatchNorm says it applied it.
+  template <std::size_t I>
+  static constexpr bool fusable() {
+    if constexpr (I + 1 < count)
+      return requires(unnamed_t<std::tuple_element_t<I, std::tuple<Layers...>>> & m,
+                      const unnamed_t<std::tuple_element_t<I + 1, std::tuple<Layers...>>>& next) {
+        m.fuse_relu(true);
+        { m.relu_applied() } -> std::convertible_to<bool>;
+        { next.is_relu() } -> std::convertible_to<bool>;
+      };
+    else
+      return false;
+  }
+  template <std::size_t I>
+  void fuse() {
+    if constexpr (fusable<I>())
+      if (get<I + 1>().is_relu()) get<I>().fuse_relu(true);
+  }
+
   template <std::size_t I, class T>
   const Tensor<T>& forward_from(Context& ctx, const Tensor<T>& x) {
     if constexpr (I == count) {
       return x;
     } else {
       const Tensor<T>& y = xtrain::forward(ctx, get<I>(), x);
+      if constexpr (fusable<I>())
+        if (get<I>().relu_applied()) return forward_from<I + 2>(ctx, y);
       return forward_from<I + 1>(ctx, y);
     }
   }
 
   template <std::size_t I, class T>
   const Tensor<T>& backward_from(Context& ctx, const Tensor<T>& dy, bool want_input_grad) {
+    if constexpr (I > 0) {
+      if constexpr (fusable<I - 1>())
+        if (get<I - 1>().relu_applied()) return backward_from<I - 1>(ctx, dy, want_input_grad);  // ReLU I: fused
+    }
     ctx.input_grad = I == 0 ? want_input_grad : true;
     const Tensor<T>& dx = xtrain::backward(ctx, get<I>(), dy);
     if constexpr (I == 0)
