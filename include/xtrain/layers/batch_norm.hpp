@@ -108,6 +108,7 @@ class BatchNorm {
                          [&](const Matrix& dy32, Matrix& dx) -> const Matrix& { return backward_f32(ctx, dy32, dx); });
   }
 
+  /// weight, bias; the running statistics as buffers, named as PyTorch's state_dict.
   template <class V>
   void visit(V& v) {
     v.param("weight", weight_, ParamKind::norm);
