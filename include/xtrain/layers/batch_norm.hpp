@@ -66,11 +66,13 @@ class BatchNorm {
 
   /// Applies ReLU to its output over planes: max(y, 0), and ReLU's backward before its own (the
   /// same values as a ReLU layer after it, without that layer's passes over memory). Sequential
-  /// turns it on for a BatchNorm followed by a ReLU and skips that ReLU whenever relu_applied().
+  /// sets it before each forward (on when the next module is a ReLU) and skips that ReLU whenever
+  /// relu_applied(). A BatchNorm taken out of a Sequential keeps the setting of its last forward.
   BatchNorm& fuse_relu(bool on) noexcept {
     fuse_relu_ = on;
     return *this;
   }
+  bool fuse_relu() const noexcept { return fuse_relu_; }
   /// Whether the last forward applied ReLU (fuse_relu and planes; [N, C] rows never do).
   bool relu_applied() const noexcept { return relu_applied_; }
 
@@ -88,7 +90,7 @@ class BatchNorm {
   /// x-hat are fp32. y is rounded to the activation type.
   template <ActivationType T>
   const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
-    if (spatial(x) > 1) return forward_planes(ctx, x);
+    if (spatial(x) != 1) return forward_planes(ctx, x);  // planes, or none (an empty plane)
     planes_ = relu_applied_ = false;
     if constexpr (std::is_same_v<T, float>)
       return forward_f32(ctx, x, y_);
@@ -237,6 +239,7 @@ class BatchNorm {
     planes_ = true;
     relu_applied_ = fuse_relu_;
     x_ = &x;
+    x_type_ = activation_type_index<T>;
     Tensor<T>& y = out_.get<T>();
     y.resize(x.shape());
     const float* g = weight_.data();
@@ -254,6 +257,8 @@ class BatchNorm {
   // Planes: dgamma, dbeta and dx (in grad_) from dy, x and the statistics of the last forward.
   template <class T>
   const Tensor<T>& backward_planes(Context& ctx, const Tensor<T>& dy) {
+    XTRAIN_CHECK(x_type_ == activation_type_index<T>, ValueError, describe(), ": backward in ",
+                 activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(x_type_));
     const Tensor<T>& x = *static_cast<const Tensor<T>*>(x_);
     XTRAIN_CHECK(dy.shape() == x.shape(), ShapeError, describe(), ": gradient has shape ", dy.shape().str(),
                  ", expected ", x.shape().str());
@@ -281,7 +286,7 @@ class BatchNorm {
         for (std::size_t j = j0; j < j1; ++j) {
           const std::size_t o = (r * c + j) * sp;
           kernels::planes::input_grad(dy.data() + o, x.data() + o, sp, mean_[j], invstd_[j], g[j], b[j], relu_applied_,
-                                      scale_[j], mean_dy_[j], mean_dy_xhat_[j], dx.data() + o);
+                                      training_, scale_[j], mean_dy_[j], mean_dy_xhat_[j], dx.data() + o);
         }
     });
     return dx;
@@ -327,6 +332,13 @@ class BatchNorm {
       return dx;
     }
     dx.resize(xhat_.shape());
+    if (!training_) {  // constant statistics: dx = gamma * invstd * dy (x-hat not read, as PyTorch)
+      for_features(ctx, n, [&](std::size_t j0, std::size_t j1) {
+        for (std::size_t r = 0; r < n; ++r)
+          for (std::size_t j = j0; j < j1; ++j) dx.data()[r * c + j] = scale_[j] * dy.data()[r * c + j];
+      });
+      return dx;
+    }
     for_features(ctx, n, [&](std::size_t j0, std::size_t j1) {
       kernels::batch_norm_dx_columns(dy.data() + j0, xhat_.data() + j0, n, c, j1 - j0, scale_.data() + j0,
                                      mean_dy_.data() + j0, mean_dy_xhat_.data() + j0, dx.data() + j0);
@@ -347,6 +359,7 @@ class BatchNorm {
   ActivationBuffers out_;    // rows, bf16/fp16: output or input gradient; planes: output
   ActivationBuffers grad_;   // planes: input gradient
   const void* x_ = nullptr;  // planes: the Tensor<T> of the last forward
+  int x_type_ = 0;           // planes: its activation type (activation_type_index)
 };
 
 /// Over [N, C] or [N, C, L] (PyTorch's nn.BatchNorm1d).

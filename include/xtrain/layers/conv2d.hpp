@@ -59,8 +59,8 @@ class Conv2d {
  public:
   /// How the layer computes: `automatic` (the default) picks `image_lanes` with AVX-512 for
   /// stride 1, dilation 1, a 3 x 3 or 5 x 5 kernel and a batch that fills the SIMD registers' lanes
-  /// (image_lanes_fills), with "same" padding for fp32 products or two or more input channels per
-  /// group for bf16 products (image_lanes_bf16_products); then `direct` for stride 1, dilation 1
+  /// (image_lanes_fills), with "same" padding or, with bf16 products (image_lanes_bf16_products),
+  /// two or more input channels per group; then `direct` for stride 1, dilation 1
   /// and few output channels per group (direct_max_outputs); `im2col` otherwise:
   ///  - `im2col`: the patches unrolled into columns and one GEMM per product (kernels/conv.hpp);
   ///  - `direct`: a direct convolution vectorised over an image's positions or output channels

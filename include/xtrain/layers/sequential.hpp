@@ -168,8 +168,7 @@ class Sequential {
   }
   template <std::size_t I>
   void fuse() {
-    if constexpr (fusable<I>())
-      if (get<I + 1>().is_relu()) get<I>().fuse_relu(true);
+    if constexpr (fusable<I>()) get<I>().fuse_relu(get<I + 1>().is_relu());
   }
 
   template <std::size_t I, class T>
@@ -177,6 +176,7 @@ class Sequential {
     if constexpr (I == count) {
       return x;
     } else {
+      fuse<I>();  // decided at each forward: the next module may have been replaced since
       const Tensor<T>& y = xtrain::forward(ctx, get<I>(), x);
       if constexpr (fusable<I>())
         if (get<I>().relu_applied()) return forward_from<I + 2>(ctx, y);
