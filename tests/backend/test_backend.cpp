@@ -132,6 +132,97 @@ TEST_CASE("ThreadPool runs every part once, concurrently, and rethrows a part's 
   REQUIRE_THROWS_WITH(backend::ThreadPool(0), Catch::Contains("1 to 1024 threads, got 0"));
 }
 
+TEST_CASE("ThreadPool: background work runs beside the caller, and a busy worker holds no loop up", "[backend]") {
+  for (const std::size_t threads : {2, 3}) {
+    int count = 0;
+    auto add = [&](std::size_t) { ++count; };
+    backend::ThreadPool pool(threads);  // destroyed first: its last task still finds `add`
+    REQUIRE(pool.runs_background());
+    std::atomic<bool> release{false};
+    std::atomic<int> background_runs{0};
+    std::thread::id background_thread;
+    auto task = [&](std::size_t) {
+      background_thread = std::this_thread::get_id();
+      while (!release.load()) std::this_thread::yield();  // busy until the caller's loops are done
+      background_runs.fetch_add(1);
+    };
+    const std::uint64_t ticket = pool.start_background(task);
+    // The first worker is busy: every loop still runs every part once (the caller claims its parts).
+    for (int i = 0; i < 200; ++i) {
+      std::vector<std::atomic<int>> hits(threads);
+      pool.run(threads, [&](std::size_t p) { hits[p].fetch_add(1); });
+      for (std::size_t p = 0; p < threads; ++p) REQUIRE(hits[p].load() == 1);
+    }
+    REQUIRE(background_runs.load() == 0);
+    release.store(true);
+    pool.wait_background(ticket);
+    REQUIRE(background_runs.load() == 1);
+    REQUIRE(background_thread != std::this_thread::get_id());
+    // Tasks one after another, and a task's exception rethrown by the wait (then nothing left over).
+    for (int i = 0; i < 100; ++i) pool.wait_background(pool.start_background(add));
+    REQUIRE(count == 100);
+    auto fail = [](std::size_t) { throw std::runtime_error("background failed"); };
+    REQUIRE_THROWS_WITH(pool.wait_background(pool.start_background(fail)), "background failed");
+    pool.wait_background(pool.start_background(add));
+    REQUIRE(count == 101);
+    pool.start_background(add);  // still running or queued when the pool is destroyed: it runs first
+  }
+  // Without workers the task runs at once on the caller.
+  backend::ThreadPool one(1);
+  REQUIRE_FALSE(one.runs_background());
+  std::thread::id ran_on;
+  one.wait_background(one.start_background([&](std::size_t) { ran_on = std::this_thread::get_id(); }));
+  REQUIRE(ran_on == std::this_thread::get_id());
+}
+
+TEST_CASE("Loader: the batch prefetched in the background is the batch a single thread gathers", "[backend][data]") {
+  auto data = head(fashion().train, 1000);
+  backend::ThreadPool pool(2);
+  // 1000 samples by 96: a partial last batch; two epochs (the order changes); batches out of order.
+  data::Loader<data::TensorDataset> plain(data, 96, 11), prefetching(data, 96, 11);
+  prefetching.set_executor(&pool);
+  const std::vector<std::size_t> order = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 10, 0};
+  std::size_t background = 0;  // batches that came from the other buffer: prefetched
+  const float* last = nullptr;
+  for (std::uint64_t epoch = 0; epoch < 3; ++epoch) {
+    plain.set_epoch(epoch);
+    prefetching.set_epoch(epoch);
+    for (const std::size_t k : order) {
+      const auto a = plain.batch(k);
+      const auto b = prefetching.batch(k);
+      REQUIRE(a.size() == b.size());
+      REQUIRE(a.global_offset == b.global_offset);
+      REQUIRE(std::memcmp(a.x.data(), b.x.data(), a.x.size() * sizeof(float)) == 0);
+      REQUIRE(std::memcmp(a.y.data(), b.y.data(), a.y.size() * sizeof(std::int32_t)) == 0);
+      background += last != nullptr && b.x.data() != last;
+      last = b.x.data();
+      // In the third epoch every "step" runs a loop on both threads: the workers are busy, so the
+      // loader gathers at the call instead (one buffer).
+      if (epoch == 2) pool.run(2, [](std::size_t) {});
+    }
+  }
+  REQUIRE(background >= 15);  // the first two epochs prefetched (after their first batches)
+  const std::size_t before = background;
+  last = nullptr;
+  prefetching.set_epoch(3);
+  for (std::size_t k = 0; k < 8; ++k) {
+    pool.run(2, [](std::size_t) {});
+    const auto b = prefetching.batch(k);
+    if (k > 1) REQUIRE(b.x.data() == last);
+    last = b.x.data();
+  }
+  REQUIRE(background == before);
+  // A loader that is moved while it prefetches keeps its batches.
+  data::Loader<data::TensorDataset> moving(data, 96, 11);
+  moving.set_executor(&pool);
+  moving.batch(0);
+  data::Loader<data::TensorDataset> moved(std::move(moving));
+  plain.set_epoch(0);
+  const auto a = plain.batch(1);
+  const auto b = moved.batch(1);
+  REQUIRE(std::memcmp(a.x.data(), b.x.data(), a.x.size() * sizeof(float)) == 0);
+}
+
 TEST_CASE("parallel_for covers the range once, at aligned boundaries", "[backend]") {
   backend::ThreadPool pool(3);
   for (std::size_t n : {0u, 1u, 63u, 64u, 65u, 1000u, 4097u}) {
@@ -271,14 +362,22 @@ TEST_CASE("Thread counts: the option, the environment, the default, and clear er
 TEST_CASE("Steady-state steps on several threads allocate no tensors on any thread", "[backend][memory]") {
   // A GPT (attention's per-thread scratch, LayerNorm, GELU, Linear) and the wide MLP with
   // BatchNorm, 3 threads: after two warm-up steps, the counted bytes of every pool thread stay
-  // put (part p of a loop runs on thread p, so a loop reads each thread's counters).
+  // put. A loop whose parts wait for each other reads each thread's counters (a part is claimed
+  // by whichever thread is free, so no thread can run two of them); sorted, since which thread
+  // runs which part may change.
   auto check = [](auto& trainer, const auto& x, const auto& y) {
     backend::Executor* e = trainer.backend().executor();
     REQUIRE(e != nullptr);
     REQUIRE(e->threads() == 3);
     auto allocated = [&] {
       std::vector<std::int64_t> bytes(3);
-      e->run(3, [&](std::size_t p) { bytes[p] = memory::counters().allocated; });
+      std::atomic<int> arrived{0};
+      e->run(3, [&](std::size_t p) {
+        arrived.fetch_add(1);
+        while (arrived.load() < 3) std::this_thread::yield();
+        bytes[p] = memory::counters().allocated;
+      });
+      std::sort(bytes.begin(), bytes.end());
       return bytes;
     };
     trainer.train_step(x, y, 0, x.shape(0));

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <type_traits>
@@ -57,6 +58,22 @@ class Executor {
   virtual Workspace& workspace() noexcept = 0;
   /// Where the backend's buffers live (memory::Use scopes and the workspaces allocate from it).
   virtual memory::Resource& memory() noexcept = 0;
+  /// Whether start_background runs its task beside the calling thread (on a thread of its own).
+  virtual bool runs_background() const noexcept { return false; }
+  /// Loops run so far on more than one thread (what tells the data loader whether the training
+  /// step leaves a thread free for background work).
+  virtual std::uint64_t parallel_loops() const noexcept { return 0; }
+  /// Starts task(0) in the background and returns a ticket for wait_background. One task runs at a
+  /// time: a start waits for the previous task first. The task must stay alive until waited for;
+  /// it runs with memory() as its thread's resource. Here (no background thread): runs it now.
+  virtual std::uint64_t start_background(PartFunction task) {
+    const memory::Use use(memory());
+    task(0);
+    return 0;
+  }
+  /// Returns when the task of `ticket` (and every one started before it) has ended, rethrowing
+  /// what a task threw.
+  virtual void wait_background(std::uint64_t /*ticket*/) {}
 };
 
 /// Everything on the calling thread, with one workspace.

@@ -1,10 +1,17 @@
 #pragma once
 /// \file loader.hpp
 /// Batches from a Dataset in the order of the GlobalSampler, gathered into buffers that are
-/// reused from step to step (no allocation once the first batch of each size is built).
+/// reused from step to step (no allocation once the first batch of each size is built). With an
+/// executor that runs background work (backend::CpuThreads of 2 or more threads) and a training
+/// step that leaves its workers idle (it ran no loop on several threads: a small model), batch
+/// k + 1 is gathered on a worker while the caller trains on batch k, as a PyTorch DataLoader's
+/// worker prefetches: the same samples, in the same order, off the step's critical path. A step
+/// that keeps the workers busy gets its batch gathered on all threads at the call instead (a
+/// worker gathering would hold up the step's first split loop longer than the gather takes split).
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -32,36 +39,118 @@ class Loader {
   /// `global_batch` samples per step over all ranks; this rank gets its shard of each.
   Loader(const D& dataset, std::size_t global_batch, std::uint64_t seed, bool shuffle = true, bool drop_last = false,
          std::size_t rank = 0, std::size_t world = 1, std::size_t chunk = 0)
-      : data_(&dataset), sampler_(dataset.size(), global_batch, seed, shuffle, drop_last, rank, world, chunk) {}
+      : data_(&dataset),
+        sampler_(dataset.size(), global_batch, seed, shuffle, drop_last, rank, world, chunk),
+        buffers_(std::make_unique<Buffers>()) {}
+  Loader(Loader&&) noexcept = default;  // the buffers (and a prefetch into them) stay where they are
+  Loader& operator=(Loader&&) = delete;
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+  ~Loader() {
+    if (!buffers_) return;  // moved from
+    try {
+      finish_prefetch();
+    } catch (...) {  // a batch nobody asked for failed: nothing to report it to
+    }
+  }
 
-  void set_epoch(std::uint64_t epoch) { sampler_.set_epoch(epoch); }
+  /// Starts epoch `epoch`'s order (a batch prefetched for the previous order is dropped).
+  void set_epoch(std::uint64_t epoch) {
+    finish_prefetch();
+    sampler_.set_epoch(epoch);
+  }
   std::size_t batches() const noexcept { return sampler_.batches(); }
 
   using batch_type = Batch<typename D::input_type, typename D::target_type>;
 
-  /// Gathers batch k of the current epoch. The returned references stay valid until the next call.
+  /// Gathers batch k of the current epoch (or takes it from the prefetch), then starts gathering
+  /// batch k + 1 in the background where the executor can and the last step left its workers
+  /// idle. The returned references stay valid until the next call.
   batch_type batch(std::size_t k) {
     const parallel::Shard s = sampler_.shard(k);
-    const backend::UseMemoryOf use(executor_);  // the batch lives in the backend's memory
-    if constexpr (requires { data_->gather(s.indices, x_, y_, executor_); })
-      data_->gather(s.indices, x_, y_, executor_);  // rows split over the backend's threads
-    else
-      data_->gather(s.indices, x_, y_);
-    return {x_, y_, s.global_offset, s.global_count};
+    Buffers& b = *buffers_;
+    const bool prefetched = b.pending && b.pending_batch == k;
+    finish_prefetch();  // rethrows what the background gather threw
+    // Whether the step since the last call ran loops on several threads (its workers were busy).
+    const std::uint64_t loops = executor_ ? executor_->parallel_loops() : 0;
+    const bool step_forked = loops != b.loops_after_last_call;
+    if (prefetched) {
+      b.current ^= 1;
+    } else {
+      const backend::UseMemoryOf use(executor_);  // the batch lives in the backend's memory
+      gather_now(s.indices, b.x[b.current], b.y[b.current]);
+    }
+    b.loops_after_last_call = executor_ ? executor_->parallel_loops() : 0;
+    if (prefetch_ && !step_forked && executor_ && executor_->runs_background() && k + 1 < batches()) {
+      const std::size_t next = b.current ^ 1;
+      b.task = {data_, sampler_.shard(k + 1).indices, &b.x[next], &b.y[next]};
+      b.pending_batch = k + 1;
+      b.ticket = executor_->start_background(b.task);
+      b.pending = true;
+    }
+    return {b.x[b.current], b.y[b.current], s.global_offset, s.global_count};
   }
 
   /// The backend's executor: the batch is allocated from its memory resource, and gathered on its
-  /// threads (when the data set has a gather taking an executor). Null: host memory, one thread.
-  void set_executor(backend::Executor* e) noexcept { executor_ = e; }
+  /// threads (when the data set has a gather taking an executor), the next one in the background
+  /// when the executor runs background work. Null: host memory, one thread.
+  void set_executor(backend::Executor* e) {
+    finish_prefetch();
+    executor_ = e;
+  }
+  /// Whether to gather the next batch in the background (on by default; it needs an executor
+  /// that runs background work).
+  void set_prefetch(bool on) {
+    if (!on) finish_prefetch();
+    prefetch_ = on;
+  }
 
   const parallel::GlobalSampler& sampler() const noexcept { return sampler_; }
 
  private:
+  using Input = typename D::input_type;
+  using Target = typename D::target_type;
+
+  // The background gather of one batch: its samples and where they go.
+  struct Gather {
+    const D* data = nullptr;
+    std::span<const std::uint32_t> indices;
+    Input* x = nullptr;
+    Target* y = nullptr;
+    void operator()(std::size_t) const { data->gather(indices, *x, *y); }
+  };
+  // Two batches: the one handed out (current) and the one being prefetched. On the heap, so that a
+  // moved Loader's running prefetch still writes into them.
+  struct Buffers {
+    Input x[2];
+    Target y[2];
+    unsigned current = 0;
+    Gather task;
+    bool pending = false;
+    std::size_t pending_batch = 0;
+    std::uint64_t ticket = 0;
+    std::uint64_t loops_after_last_call = 0;  // the executor's parallel_loops() when batch() returned
+  };
+
+  void gather_now(std::span<const std::uint32_t> indices, Input& x, Target& y) {
+    if constexpr (requires { data_->gather(indices, x, y, executor_); })
+      data_->gather(indices, x, y, executor_);  // rows split over the backend's threads
+    else
+      data_->gather(indices, x, y);
+  }
+
+  void finish_prefetch() {
+    Buffers& b = *buffers_;
+    if (!b.pending) return;
+    b.pending = false;
+    executor_->wait_background(b.ticket);
+  }
+
   const D* data_;
   parallel::GlobalSampler sampler_;
   backend::Executor* executor_ = nullptr;
-  typename D::input_type x_;
-  typename D::target_type y_;
+  bool prefetch_ = true;
+  std::unique_ptr<Buffers> buffers_;
 };
 
 }  // namespace xtrain::data
