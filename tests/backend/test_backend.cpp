@@ -133,7 +133,7 @@ TEST_CASE("ThreadPool runs every part once, concurrently, and rethrows a part's 
 }
 
 TEST_CASE("ThreadPool: background work runs beside the caller, and a busy worker holds no loop up", "[backend]") {
-  for (const std::size_t threads : {2, 3}) {
+  for (const std::size_t threads : {std::size_t{2}, std::size_t{3}}) {
     int count = 0;
     auto add = [&](std::size_t) { ++count; };
     backend::ThreadPool pool(threads);  // destroyed first: its last task still finds `add`
