@@ -154,7 +154,8 @@ int run_training(const Flags& flags) {
                                        .ranks = ranks,
                                        .shard_optimizer = flags.shard_optimizer,
                                        .eval_batch = xtrain::TrainerOptions{}.eval_batch_size(),
-                                       .gradient_compression_bytes = flags.compress == "none" ? 4u : 2u};
+                                       .gradient_compression_bytes = flags.compress == "none" ? 4u : 2u,
+                                       .prefetch = xtrain::backend::resolve_threads(flags.threads) > 1};
     const std::vector<xtrain::MemoryEstimate> all = [&] {  // the model copy is gone before the measurement
       const auto m = make_model();
       const auto adam = xtrain::optim::Adam{}.lr(flags.lr);

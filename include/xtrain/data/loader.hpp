@@ -58,6 +58,7 @@ class Loader {
   void set_epoch(std::uint64_t epoch) {
     finish_prefetch();
     sampler_.set_epoch(epoch);
+    buffers_->called = false;  // what ran between epochs (an evaluation) says nothing of a step
   }
   std::size_t batches() const noexcept { return sampler_.batches(); }
 
@@ -71,9 +72,11 @@ class Loader {
     Buffers& b = *buffers_;
     const bool prefetched = b.pending && b.pending_batch == k;
     finish_prefetch();  // rethrows what the background gather threw
-    // Whether the step since the last call ran loops on several threads (its workers were busy).
+    // Whether the step since the last call ran loops on several threads (its workers were busy);
+    // before the first step nothing is known: no prefetch.
     const std::uint64_t loops = executor_ ? executor_->parallel_loops() : 0;
-    const bool step_forked = loops != b.loops_after_last_call;
+    const bool step_forked = !b.called || loops != b.loops_after_last_call;
+    b.called = true;
     if (prefetched) {
       b.current ^= 1;
     } else {
@@ -83,7 +86,13 @@ class Loader {
     b.loops_after_last_call = executor_ ? executor_->parallel_loops() : 0;
     if (prefetch_ && !step_forked && executor_ && executor_->runs_background() && k + 1 < batches()) {
       const std::size_t next = b.current ^ 1;
-      b.task = {data_, sampler_.shard(k + 1).indices, &b.x[next], &b.y[next]};
+      const std::span<const std::uint32_t> indices = sampler_.shard(k + 1).indices;
+      {  // the next buffers are sized here, so the worker only writes: the batches stay this thread's memory
+        const backend::UseMemoryOf use(executor_);
+        size_like(b.x[b.current], indices.size(), b.x[next]);
+        size_like(b.y[b.current], indices.size(), b.y[next]);
+      }
+      b.task = {data_, indices, &b.x[next], &b.y[next]};
       b.pending_batch = k + 1;
       b.ticket = executor_->start_background(b.task);
       b.pending = true;
@@ -130,7 +139,19 @@ class Loader {
     std::size_t pending_batch = 0;
     std::uint64_t ticket = 0;
     std::uint64_t loops_after_last_call = 0;  // the executor's parallel_loops() when batch() returned
+    bool called = false;                      // batch() was called since the last set_epoch
   };
+
+  // `to` resized to `from`'s shape with `rows` rows (what the gather will give it).
+  template <class T>
+  static void size_like(const T& from, std::size_t rows, T& to) {
+    if constexpr (requires(Shape sh) { to.resize(sh); }) {
+      if (from.dimension() == 0) return;
+      Shape shape = from.shape();
+      shape[0] = rows;
+      to.resize(shape);
+    }
+  }
 
   void gather_now(std::span<const std::uint32_t> indices, Input& x, Target& y) {
     if constexpr (requires { data_->gather(indices, x, y, executor_); })

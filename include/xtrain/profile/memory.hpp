@@ -93,6 +93,9 @@ struct MemoryOptions {
   std::size_t eval_batch = 0;                  ///< evaluation batch per rank (0: no evaluation)
   bool shared_memory_reduction = true;         ///< ranks > 1 on one node sum gradients in a shared segment (MPI)
   std::size_t gradient_compression_bytes = 4;  ///< bytes per gradient element sent (2: bf16/fp16 compression)
+  /// The loader may gather the next batch in the background (backend::CpuThreads of 2 or more
+  /// threads; it does when the step splits no loop): a second training batch is counted.
+  bool prefetch = false;
 };
 
 /// One precision's estimate, per rank, in bytes.
@@ -104,7 +107,7 @@ struct MemoryEstimate {
   std::int64_t optimizer_bytes = 0;       ///< optimizer state (this rank's block with ZeRO-1)
   std::int64_t low_precision_copies = 0;  ///< 16-bit weight copies kept between steps (none: see docs)
   std::int64_t activation_bytes = 0;      ///< what the modules keep between forward and backward, and dx buffers
-  std::int64_t data_bytes = 0;            ///< the batch (inputs and targets)
+  std::int64_t data_bytes = 0;            ///< the batch (inputs and targets; two with MemoryOptions::prefetch)
   std::int64_t evaluation_bytes = 0;      ///< forward buffers growing to the evaluation batch
   std::int64_t workspace_bytes = 0;       ///< everything else the step allocates (GEMM panels, loss, casts)
   std::int64_t communication_bytes = 0;   ///< per rank: its share of the shared gradient segment, or buffers
@@ -274,7 +277,7 @@ MemoryEstimate estimate_memory(const Model& model, const Optimizer& optimizer, s
     m.optimizer_bytes =
         (r.optimizer + static_cast<std::int64_t>(options.ranks) - 1) / static_cast<std::int64_t>(options.ranks);
   m.activation_bytes = r.activations;
-  m.data_bytes = r.data;
+  m.data_bytes = options.prefetch ? 2 * r.data : r.data;
   m.evaluation_bytes = r.evaluation;
   m.modules = r.modules;
   m.workspace_bytes =
