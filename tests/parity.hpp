@@ -1,6 +1,6 @@
 #pragma once
 // Comparison with PyTorch fixtures: max |ours - torch| <= 1e-5 * max |torch| (1e-5 relative to
-// the tensor's scale).
+// the tensor's scale); require_close with another tolerance (16-bit results, reference twins).
 
 #include <algorithm>
 #include <cmath>
@@ -13,16 +13,22 @@
 
 namespace xtrain::test {
 
-inline void require_parity(const std::string& name, std::span<const float> ours, const Matrix& torch) {
-  REQUIRE(ours.size() == torch.size());
+/// max |ours - expected| <= tolerance * max |expected| (and expected is not all zero).
+inline void require_close(const std::string& name, std::span<const float> ours, const Matrix& expected,
+                          float tolerance) {
+  REQUIRE(ours.size() == expected.size());
   float scale = 0, diff = 0;
   for (std::size_t i = 0; i < ours.size(); ++i) {
-    scale = std::max(scale, std::abs(torch.data()[i]));
-    diff = std::max(diff, std::abs(ours[i] - torch.data()[i]));
+    scale = std::max(scale, std::abs(expected.data()[i]));
+    diff = std::max(diff, std::abs(ours[i] - expected.data()[i]));
   }
-  INFO(name << ": max |diff| " << diff << ", max |torch| " << scale);
+  INFO(name << ": max |diff| " << diff << ", max |expected| " << scale << ", tolerance " << tolerance);
   REQUIRE(scale > 0.0f);
-  REQUIRE(diff <= 1e-5f * scale);
+  REQUIRE(diff <= tolerance * scale);
+}
+
+inline void require_parity(const std::string& name, std::span<const float> ours, const Matrix& torch) {
+  require_close(name, ours, torch, 1e-5f);
 }
 
 /// The same, and the shapes must be equal.

@@ -112,14 +112,7 @@ TEST_CASE("Conv2d's image_lanes in bf16 stays within bf16 rounding of the scalar
     kernels::reference::conv2d_forward(xr.data(), conv.weight().data(), conv.bias().data(), ref.data(), t.n, t.c, t.o,
                                        t.groups, g);
     const auto close = [](const std::string& name, const float* ours, const Matrix& expected, float tolerance) {
-      float scale = 0, diff = 0;
-      for (std::size_t i = 0; i < expected.size(); ++i) {
-        scale = std::max(scale, std::abs(expected[i]));
-        diff = std::max(diff, std::abs(ours[i] - expected[i]));
-      }
-      INFO(name << ": max |diff| " << diff << " of max " << scale);
-      REQUIRE(scale > 0.0f);
-      REQUIRE(diff <= tolerance * scale);
+      test::require_close(name, std::span<const float>(ours, expected.size()), expected, tolerance);
     };
     Matrix yw(y.shape());
     kernels::to_float(y.data(), yw.data(), y.size());

@@ -109,14 +109,12 @@ class HostResource final : public Resource {
 
  protected:
   void* do_allocate(std::size_t bytes) override {
+    const std::size_t align = huge_alignment(bytes);
+    void* p = ::operator new (bytes, std::align_val_t{align});
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (bytes >= huge_threshold) {
-      void* p = ::operator new (bytes, std::align_val_t{huge_page});
-      ::madvise(p, bytes, MADV_HUGEPAGE);  // a hint: failure is harmless
-      return p;
-    }
+    if (align == huge_page) ::madvise(p, bytes, MADV_HUGEPAGE);  // a hint: failure is harmless
 #endif
-    return ::operator new (bytes, std::align_val_t{alignment});
+    return p;
   }
   void do_deallocate(void* p, std::size_t bytes) noexcept override {
     ::operator delete (p, std::align_val_t{huge_alignment(bytes)});
