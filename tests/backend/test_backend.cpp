@@ -136,7 +136,7 @@ TEST_CASE("ThreadPool: background work runs beside the caller, and a busy worker
   for (const std::size_t threads : {std::size_t{2}, std::size_t{3}}) {
     int count = 0;
     auto add = [&](std::size_t) { ++count; };
-    backend::ThreadPool pool(threads);  // destroyed first: its last task still finds `add`
+    backend::ThreadPool pool(threads);
     REQUIRE(pool.runs_background());
     std::atomic<bool> release{false};
     std::atomic<int> background_runs{0};
@@ -165,7 +165,32 @@ TEST_CASE("ThreadPool: background work runs beside the caller, and a busy worker
     REQUIRE_THROWS_WITH(pool.wait_background(pool.start_background(fail)), "background failed");
     pool.wait_background(pool.start_background(add));
     REQUIRE(count == 101);
-    pool.start_background(add);  // still running or queued when the pool is destroyed: it runs first
+    // Each task's exception goes to the wait for its own ticket, whatever was started since.
+    const std::uint64_t failed = pool.start_background(fail);
+    const std::uint64_t fine = pool.start_background(add);  // waits for `failed` to end, throws nothing
+    pool.wait_background(fine);
+    REQUIRE_THROWS_WITH(pool.wait_background(failed), "background failed");
+    pool.wait_background(failed);  // reported once
+    // Background work that runs a loop runs it inline; it may not start background work itself.
+    std::atomic<int> inline_parts{0};
+    std::string nested_error;
+    auto loop = [&](std::size_t) {
+      pool.run(threads, [&](std::size_t) { inline_parts.fetch_add(1); });
+      try {
+        pool.start_background(add);
+      } catch (const std::exception& e) {
+        nested_error = e.what();
+      }
+    };
+    pool.wait_background(pool.start_background(loop));
+    REQUIRE(inline_parts.load() == static_cast<int>(threads));
+    REQUIRE_THAT(nested_error, Catch::Contains("called from the pool's own thread"));
+    const int before_last = count;
+    {
+      backend::ThreadPool last(threads);
+      last.start_background(add);  // still running or queued when the pool is destroyed: it runs first
+    }
+    REQUIRE(count == before_last + 1);
   }
   // Without workers the task runs at once on the caller.
   backend::ThreadPool one(1);
@@ -182,11 +207,11 @@ TEST_CASE("Loader: the batch prefetched in the background is the batch a single 
   data::Loader<data::TensorDataset> plain(data, 96, 11), prefetching(data, 96, 11);
   prefetching.set_executor(&pool);
   const std::vector<std::size_t> order = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 10, 0};
-  std::size_t background = 0;  // batches that came from the other buffer: prefetched
-  const float* last = nullptr;
+  std::size_t background[3] = {};  // per epoch: batches that came from the other buffer, prefetched
   for (std::uint64_t epoch = 0; epoch < 3; ++epoch) {
     plain.set_epoch(epoch);
     prefetching.set_epoch(epoch);
+    const float* last = nullptr;
     for (const std::size_t k : order) {
       const auto a = plain.batch(k);
       const auto b = prefetching.batch(k);
@@ -194,32 +219,27 @@ TEST_CASE("Loader: the batch prefetched in the background is the batch a single 
       REQUIRE(a.global_offset == b.global_offset);
       REQUIRE(std::memcmp(a.x.data(), b.x.data(), a.x.size() * sizeof(float)) == 0);
       REQUIRE(std::memcmp(a.y.data(), b.y.data(), a.y.size() * sizeof(std::int32_t)) == 0);
-      background += last != nullptr && b.x.data() != last;
+      background[epoch] += last != nullptr && b.x.data() != last;
       last = b.x.data();
       // In the third epoch every "step" runs a loop on both threads: the workers are busy, so the
-      // loader gathers at the call instead (one buffer).
+      // loader gathers at the call instead, into one buffer.
       if (epoch == 2) pool.run(2, [](std::size_t) {});
     }
   }
-  REQUIRE(background >= 15);  // the first two epochs prefetched (after their first batches)
-  const std::size_t before = background;
-  last = nullptr;
-  prefetching.set_epoch(3);
-  for (std::size_t k = 0; k < 8; ++k) {
-    pool.run(2, [](std::size_t) {});
-    const auto b = prefetching.batch(k);
-    if (k > 1) REQUIRE(b.x.data() == last);
-    last = b.x.data();
-  }
-  REQUIRE(background == before);
+  // Batches 2-10 and the second 4 come prefetched (not an epoch's first two: no step seen yet).
+  REQUIRE(background[0] == 10);
+  REQUIRE(background[1] == 10);
+  REQUIRE(background[2] == 0);
   // A loader that is moved while it prefetches keeps its batches.
   data::Loader<data::TensorDataset> moving(data, 96, 11);
   moving.set_executor(&pool);
   moving.batch(0);
+  const float* first = moving.batch(1).x.data();  // batch 2 is being gathered now
   data::Loader<data::TensorDataset> moved(std::move(moving));
   plain.set_epoch(0);
-  const auto a = plain.batch(1);
-  const auto b = moved.batch(1);
+  const auto a = plain.batch(2);
+  const auto b = moved.batch(2);
+  REQUIRE(b.x.data() != first);
   REQUIRE(std::memcmp(a.x.data(), b.x.data(), a.x.size() * sizeof(float)) == 0);
 }
 

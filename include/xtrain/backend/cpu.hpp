@@ -2,7 +2,7 @@
 /// \file cpu.hpp
 /// Device backend policies: the last-but-one parameter of Trainer (and Engine's, Accelerator's).
 /// A backend decides where kernels run and where buffers live: its executor runs the kernels'
-/// loops and owns a workspace per thread; its memory resource gives every buffer of a training
+/// loops and owns a workspace per part; its memory resource gives every buffer of a training
 /// (the engine allocates under a memory::Use scope of it). Layers reach it through
 /// Context::executor, the engine through Engine::backend(). docs/design.md ("Backends and
 /// threads") says how a GPU backend would plug in.

@@ -2,7 +2,7 @@
 /// \file executor.hpp
 /// How a backend runs the loops of kernels and where their buffers live: `Executor` (type-erased,
 /// so layers and kernels are not templates on the backend), with its memory resource and a
-/// workspace per thread, and `parallel_for`, which splits a range into parts at fixed boundaries.
+/// workspace per part of a loop, and `parallel_for`, which splits a range into parts at fixed boundaries.
 /// A null executor, or one of one thread, runs everything on the calling thread.
 ///
 /// Determinism: a part computes outputs that no other part touches, and every output is computed
@@ -49,12 +49,14 @@ class Executor {
   virtual ~Executor() = default;
   /// Threads a loop may be split over (the calling thread included).
   virtual std::size_t threads() const noexcept = 0;
-  /// Calls body(p) for every p in [0, parts), concurrently, and returns when all have returned.
-  /// Requires parts <= threads(). A call made from inside a body runs its parts one after another
-  /// on the calling thread. The first exception thrown by a part is rethrown here. Parts run
-  /// with memory() as their thread's current resource (the caller's part included).
+  /// Calls body(p) for every p in [0, parts), on up to `parts` threads (concurrently, or some
+  /// one after another on one thread: a part must never wait for another), and returns when all
+  /// have returned. Requires parts <= threads(). A call made from inside a body (or from
+  /// background work) runs its parts one after another on the calling thread. The first
+  /// exception thrown by a part is rethrown here. Parts run with memory() as their thread's
+  /// current resource (the caller's part included).
   virtual void run(std::size_t parts, PartFunction body) = 0;
-  /// The workspace of the calling thread (a thread of this executor's, or the one driving it).
+  /// The workspace of the part the calling thread runs (outside a loop: the driving thread's).
   virtual Workspace& workspace() noexcept = 0;
   /// Where the backend's buffers live (memory::Use scopes and the workspaces allocate from it).
   virtual memory::Resource& memory() noexcept = 0;
@@ -65,7 +67,8 @@ class Executor {
   virtual std::uint64_t parallel_loops() const noexcept { return 0; }
   /// Starts task(0) in the background and returns a ticket for wait_background. One task runs at a
   /// time: a start waits for the previous task first. The task must stay alive until waited for;
-  /// it runs with memory() as its thread's resource. Here (no background thread): runs it now.
+  /// it runs with memory() as its thread's resource, and must not start or wait for background
+  /// work itself. Here (no background thread): runs it now.
   virtual std::uint64_t start_background(PartFunction task) {
     const memory::Use use(memory());
     task(0);

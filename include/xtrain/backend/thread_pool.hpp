@@ -6,11 +6,12 @@
 /// training step runs its kernels back to back, microseconds apart) and then sleep on a futex
 /// (std::atomic::wait), so an idle pool costs nothing. With more threads than the cores of the
 /// process's affinity mask, waiting threads yield instead of spinning (a spinning thread would
-/// take the core of the one it waits for). Each thread has a workspace of its own, and parts run
+/// take the core of the one it waits for). Each part has a workspace of its own, and parts run
 /// with the pool's memory resource as their thread's current one. The first worker also runs
 /// background work (the data loader's next batch) while the caller goes on. benchmarks/RESULTS.md
 /// compares its fork-join latency with OpenMP's.
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -20,6 +21,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "xtrain/backend/executor.hpp"
@@ -72,7 +74,8 @@ class ThreadPool final : public Executor {
   void run(std::size_t parts, PartFunction body) override {
     XTRAIN_CHECK(parts <= threads(), ValueError, "ThreadPool::run: ", parts, " parts for ", threads(), " threads");
     const memory::Use use(*resource_);
-    if (parts <= 1 || busy_.exchange(true, std::memory_order_acquire)) {  // one part, or nested: inline
+    // One part, a loop started on a worker (inside a part, or by background work), or nested: inline.
+    if (parts <= 1 || state().worker_of == this || busy_.exchange(true, std::memory_order_acquire)) {
       XTRAIN_CHECK(parts <= 1 || state().worker_of == this ||
                        driver_.load(std::memory_order_relaxed) == std::this_thread::get_id(),
                    ValueError,
@@ -123,12 +126,16 @@ class ThreadPool final : public Executor {
 
   /// Starts task() on the first worker and returns at once (after the previous background task,
   /// if one is still running, has ended). Without workers the task runs here, before returning.
+  /// A background task must not start or wait for background work itself.
   std::uint64_t start_background(PartFunction task) override {
+    XTRAIN_CHECK(state().worker_of != this, ValueError,
+                 "ThreadPool::start_background called from the pool's own thread (a background task or a part)");
     if (workers_.empty()) {
+      const memory::Use use(*resource_);
       task(0);
       return 0;
     }
-    wait_background(background_started_.load(std::memory_order_relaxed));
+    wait_done(background_started_.load(std::memory_order_relaxed));  // one task at a time
     background_task_.emplace(task);
     const std::uint64_t ticket = background_started_.fetch_add(1, std::memory_order_release) + 1;
     generation_.fetch_add(1, std::memory_order_seq_cst);
@@ -136,19 +143,32 @@ class ThreadPool final : public Executor {
     return ticket;
   }
 
-  /// Waits until the background task `ticket` (and those before it) has ended; rethrows what it threw.
+  /// Waits until the background task `ticket` (and those before it) has ended; rethrows what that
+  /// task threw (each task's exception goes to the wait for its own ticket, once).
   void wait_background(std::uint64_t ticket) override {
+    wait_done(ticket);
+    std::exception_ptr e;
+    {
+      const std::lock_guard<std::mutex> lock(error_mutex_);
+      const auto it = std::find_if(background_errors_.begin(), background_errors_.end(),
+                                   [&](const auto& t) { return t.first == ticket; });
+      if (it == background_errors_.end()) return;
+      e = it->second;
+      background_errors_.erase(it);
+    }
+    std::rethrow_exception(e);
+  }
+
+ private:
+  // Returns when the background tasks up to `ticket` have ended.
+  void wait_done(std::uint64_t ticket) const {
     spin_until([&] { return background_done_.load(std::memory_order_acquire) >= ticket; },
                [&] {
                  const std::uint64_t done = background_done_.load(std::memory_order_acquire);
                  if (done < ticket) background_done_.wait(done, std::memory_order_acquire);
                });
-    // A task's error is read once no task runs (a later start waited for it, and rethrew it).
-    if (background_done_.load(std::memory_order_acquire) == background_started_.load(std::memory_order_relaxed))
-      if (std::exception_ptr e = std::exchange(background_error_, nullptr)) std::rethrow_exception(e);
   }
 
- private:
   void stop_workers() noexcept {
     // Background work started and not yet run would never end: let it run first.
     const std::uint64_t started = background_started_.load(std::memory_order_relaxed);
@@ -256,7 +276,8 @@ class ThreadPool final : public Executor {
         try {
           (*background_task_)(0);
         } catch (...) {
-          background_error_ = std::current_exception();
+          const std::lock_guard<std::mutex> lock(error_mutex_);
+          background_errors_.emplace_back(background_seen, std::current_exception());
         }
         background_done_.store(background_seen, std::memory_order_release);
         background_done_.notify_all();
@@ -284,7 +305,7 @@ class ThreadPool final : public Executor {
   alignas(64) std::atomic<std::uint64_t> background_started_{0};
   std::atomic<std::uint64_t> background_done_{0};
   std::optional<PartFunction> background_task_;
-  std::exception_ptr background_error_;
+  std::vector<std::pair<std::uint64_t, std::exception_ptr>> background_errors_;  // (ticket, what it threw)
 };
 
 }  // namespace xtrain::backend

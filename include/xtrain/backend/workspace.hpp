@@ -3,7 +3,7 @@
 /// Scratch memory of one thread of a backend: the GEMMs' packed panels, the fp32 accumulators of
 /// low-precision layers, the fp32 copies a layer widens a 16-bit activation into. Each slot grows
 /// to the largest size asked of it and is reused, so a training step allocates nothing once warm.
-/// The backend owns one workspace per thread (backend::Executor::workspace), allocated from its
+/// The backend owns one workspace per part of a loop (backend::Executor::workspace), allocated from its
 /// memory resource, where kernels once kept thread_local buffers.
 
 #include <array>

@@ -24,7 +24,12 @@ namespace xtrain::data {
 
 /// Dataset: nested `input_type` and `target_type` (Tensor<float>, Tensor<std::int32_t> for class
 /// ids or token ids, ...), `size()`, and `gather(indices, x, y)` that fills a batch (x and y
-/// resized to [indices.size(), sample shape...]) from global sample indices.
+/// resized to [indices.size(), sample shape...]) from global sample indices. The Loader may call
+/// gather on a worker thread of the backend (the next batch, prefetched), one call at a time:
+/// it must not depend on the calling thread (thread_local state such as default_generator(): draw
+/// random augmentations from a generator seeded by the samples or the step instead), and the data
+/// set must not change while a Loader runs. Loader::set_prefetch(false) keeps gather on the
+/// calling thread.
 template <class D>
 concept Dataset = requires(const D& d, std::span<const std::uint32_t> idx, typename D::input_type& x,
                            typename D::target_type& y) {

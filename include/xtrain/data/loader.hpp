@@ -47,16 +47,12 @@ class Loader {
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
   ~Loader() {
-    if (!buffers_) return;  // moved from
-    try {
-      finish_prefetch();
-    } catch (...) {  // a batch nobody asked for failed: nothing to report it to
-    }
+    if (buffers_) drop_prefetch();  // (a moved-from Loader may only be destroyed)
   }
 
   /// Starts epoch `epoch`'s order (a batch prefetched for the previous order is dropped).
   void set_epoch(std::uint64_t epoch) {
-    finish_prefetch();
+    drop_prefetch();
     sampler_.set_epoch(epoch);
     buffers_->called = false;  // what ran between epochs (an evaluation) says nothing of a step
   }
@@ -71,7 +67,10 @@ class Loader {
     const parallel::Shard s = sampler_.shard(k);
     Buffers& b = *buffers_;
     const bool prefetched = b.pending && b.pending_batch == k;
-    finish_prefetch();  // rethrows what the background gather threw
+    if (prefetched)
+      finish_prefetch();  // rethrows what the background gather threw
+    else
+      drop_prefetch();
     // Whether the step since the last call ran loops on several threads (its workers were busy);
     // before the first step nothing is known: no prefetch.
     const std::uint64_t loops = executor_ ? executor_->parallel_loops() : 0;
@@ -102,15 +101,16 @@ class Loader {
 
   /// The backend's executor: the batch is allocated from its memory resource, and gathered on its
   /// threads (when the data set has a gather taking an executor), the next one in the background
-  /// when the executor runs background work. Null: host memory, one thread.
+  /// when the executor runs background work. Null: host memory, one thread. The executor must
+  /// outlive this Loader (or be replaced before it dies): a pending prefetch is waited for.
   void set_executor(backend::Executor* e) {
-    finish_prefetch();
+    drop_prefetch();
     executor_ = e;
   }
   /// Whether to gather the next batch in the background (on by default; it needs an executor
-  /// that runs background work).
+  /// that runs background work, and a Dataset whose gather may run on another thread).
   void set_prefetch(bool on) {
-    if (!on) finish_prefetch();
+    if (!on) drop_prefetch();
     prefetch_ = on;
   }
 
@@ -160,11 +160,19 @@ class Loader {
       data_->gather(indices, x, y);
   }
 
+  // Waits for the pending prefetch (the batch about to be handed out): rethrows what it threw.
   void finish_prefetch() {
     Buffers& b = *buffers_;
     if (!b.pending) return;
     b.pending = false;
     executor_->wait_background(b.ticket);
+  }
+  // Waits for a pending prefetch nobody will take: its error, if any, goes with it.
+  void drop_prefetch() noexcept {
+    try {
+      finish_prefetch();
+    } catch (...) {  // a batch nobody asked for failed: nothing to report it to
+    }
   }
 
   const D* data_;

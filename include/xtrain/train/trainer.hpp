@@ -172,6 +172,7 @@ class Trainer {
     engine_.broadcast_buffers();
     data::Loader<D> loader(data, options_.eval_batch_size() * world_, 0, false, false, rank(), world_);
     loader.set_executor(engine_.backend().executor());
+    loader.set_prefetch(false);  // an evaluation batch (1024 samples by default) is not held twice
     Context ctx = engine_.context(false);
     auto& loss = engine_.loss();
     double sums[4] = {0.0, 0.0, 0.0, 0.0};
