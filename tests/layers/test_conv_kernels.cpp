@@ -185,8 +185,8 @@ TEST_CASE("The convolutions' bf16 transposes widen and round exactly as one valu
   for (std::size_t i = 0; i < src.size(); ++i) src16[i] = bf16(src[i]);
   std::vector<float> wide(cols * ld_dst, -1.0f);
   std::vector<bf16> narrow(cols * ld_dst, bf16(-1.0f));
-  kernels::direct::detail::transpose(src16.data(), rows, cols, ld_src, wide.data(), ld_dst);
-  kernels::direct::detail::transpose(src.data(), rows, cols, ld_src, narrow.data(), ld_dst);
+  kernels::transpose_convert(src16.data(), rows, cols, ld_src, wide.data(), ld_dst);
+  kernels::transpose_convert(src.data(), rows, cols, ld_src, narrow.data(), ld_dst);
   for (std::size_t i = 0; i < rows; ++i)
     for (std::size_t j = 0; j < cols; ++j) {
       INFO("row " << i << ", column " << j);

@@ -171,11 +171,7 @@ class ThreadPool final : public Executor {
 
   void stop_workers() noexcept {
     // Background work started and not yet run would never end: let it run first.
-    const std::uint64_t started = background_started_.load(std::memory_order_relaxed);
-    while (!workers_.empty() && background_done_.load(std::memory_order_acquire) < started) {
-      const std::uint64_t done = background_done_.load(std::memory_order_acquire);
-      if (done < started) background_done_.wait(done, std::memory_order_acquire);
-    }
+    if (!workers_.empty()) wait_done(background_started_.load(std::memory_order_relaxed));
     stop_.store(true, std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_seq_cst);
     generation_.notify_all();

@@ -210,6 +210,16 @@ std::vector<std::size_t> shape_of(const Tensor<T>& t) {
   return t.shape().to_vector();
 }
 
+/// `to` resized to `from`'s shape with `rows` in the first dimension (a batch of `rows` samples
+/// shaped as from's); nothing when from has rank 0.
+template <class T>
+void resize_rows_like(const Tensor<T>& from, std::size_t rows, Tensor<T>& to) {
+  if (from.dimension() == 0) return;
+  Shape shape = from.shape();
+  shape[0] = rows;
+  to.resize(shape);
+}
+
 /// An fp32 tensor (the name is kept from when activations were [batch, features] matrices).
 using Matrix = Tensor<float>;
 

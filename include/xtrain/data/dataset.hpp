@@ -109,8 +109,8 @@ class BasicTensorDataset {
   }
   /// gather with the rows split over the executor's threads (the same values).
   void gather(std::span<const std::uint32_t> indices, input_type& x, target_type& y, backend::Executor* e) const {
-    resize_rows(x_, indices.size(), x);
-    resize_rows(y_, indices.size(), y);
+    resize_rows_like(x_, indices.size(), x);
+    resize_rows_like(y_, indices.size(), y);
     const std::size_t dx = x_.shape(0) ? x_.size() / x_.shape(0) : 0, dy = y_.shape(0) ? y_.size() / y_.shape(0) : 0;
     const std::size_t row_bytes = std::max<std::size_t>(1, dx * sizeof(Input));
     backend::parallel_for(e, indices.size(), std::max<std::size_t>(8, (std::size_t{1} << 16) / row_bytes), 1,
@@ -127,12 +127,6 @@ class BasicTensorDataset {
   }
   static Shape drop_first(const Shape& s) { return Shape(std::vector<std::size_t>(s.begin() + 1, s.end())); }
 
-  template <class T>
-  static void resize_rows(const Tensor<T>& from, std::size_t rows, Tensor<T>& to) {
-    Shape shape = from.shape();
-    shape[0] = rows;
-    to.resize(shape);
-  }
   // Copies the rows `indices` of `from` to `out`, one after another.
   template <class T>
   static void copy_rows(const Tensor<T>& from, std::span<const std::uint32_t> indices, T* out) {
@@ -149,7 +143,7 @@ class BasicTensorDataset {
   }
   template <class T>
   static void gather_rows(const Tensor<T>& from, std::span<const std::uint32_t> indices, Tensor<T>& to) {
-    resize_rows(from, indices.size(), to);
+    resize_rows_like(from, indices.size(), to);
     copy_rows(from, indices, to.data());
   }
 

@@ -145,12 +145,7 @@ class Loader {
   // `to` resized to `from`'s shape with `rows` rows (what the gather will give it).
   template <class T>
   static void size_like(const T& from, std::size_t rows, T& to) {
-    if constexpr (requires(Shape sh) { to.resize(sh); }) {
-      if (from.dimension() == 0) return;
-      Shape shape = from.shape();
-      shape[0] = rows;
-      to.resize(shape);
-    }
+    if constexpr (requires { resize_rows_like(from, rows, to); }) resize_rows_like(from, rows, to);
   }
 
   void gather_now(std::span<const std::uint32_t> indices, Input& x, Target& y) {

@@ -23,9 +23,9 @@
 #include <type_traits>
 
 #include "xtrain/kernels/conv.hpp"
-#include "xtrain/kernels/conv_direct.hpp"
 #include "xtrain/kernels/convert.hpp"
 #include "xtrain/kernels/simd.hpp"
+#include "xtrain/kernels/transpose.hpp"
 
 namespace xtrain::kernels::lanes {
 
@@ -68,7 +68,7 @@ namespace detail {
 template <class T>
 inline void to_lanes(const T* in, std::size_t image, std::size_t count, std::size_t n, float* out,
                      std::size_t lanes) noexcept {
-  direct::detail::transpose(in, count, n, image, out, lanes);
+  transpose_convert(in, count, n, image, out, lanes);
   if (count < lanes)
     for (std::size_t j = 0; j < n; ++j) std::fill(out + j * lanes + count, out + (j + 1) * lanes, 0.0f);
 }
@@ -92,8 +92,7 @@ void frame_input(const T* x, std::size_t image, std::size_t count, std::size_t c
 template <class T>
 void unframe(const float* in, std::size_t planes, std::size_t n, std::size_t count, std::size_t lanes, T* out,
              std::size_t image) noexcept {
-  for (std::size_t p = 0; p < planes; ++p)
-    direct::detail::transpose(in + p * n * lanes, n, count, lanes, out + p * n, image);
+  for (std::size_t p = 0; p < planes; ++p) transpose_convert(in + p * n * lanes, n, count, lanes, out + p * n, image);
 }
 
 namespace detail {
