@@ -166,13 +166,15 @@ void conv_algorithm_shapes(benchmark::internal::Benchmark* b) {
 }
 
 // Causal attention forward + backward (kernels/attention.hpp) over B x H heads of T positions and
-// head dimension d, q/k/v in the fused projection's layout ([B, T, 3 H d]), fp32 (the layer
-// widens 16-bit activations and runs this).
+// head dimension d, q/k/v in the fused projection's layout ([B, T, 3 H d]) and the output's
+// gradient stored as S: fp32 (the layer's fp32 and, widened, fp16) or bf16 (its bf16: products in
+// bf16 read in place).
+template <class S>
 void BM_CausalAttention(benchmark::State& state) {
   const auto B = static_cast<std::size_t>(state.range(0)), T = static_cast<std::size_t>(state.range(1)),
              H = static_cast<std::size_t>(state.range(2)), d = static_cast<std::size_t>(state.range(3));
   const std::size_t C = H * d, ld = 3 * C;
-  const auto qkv = random_values<float>(B * T * ld, 1.0f, 7), dout = random_values<float>(B * T * C, 0.01f, 8);
+  const auto qkv = random_values<S>(B * T * ld, 1.0f, 7), dout = random_values<S>(B * T * C, 0.01f, 8);
   std::vector<float> out(B * T * C), lse(B * H * T), g(B * T * ld), scratch(2 * xtrain::kernels::attention_scratch(T));
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   xtrain::backend::Serial serial;  // one thread, its workspace reused across calls
@@ -180,13 +182,13 @@ void BM_CausalAttention(benchmark::State& state) {
     std::fill(g.begin(), g.end(), 0.0f);
     for (std::size_t b = 0; b < B; ++b)
       for (std::size_t h = 0; h < H; ++h) {
-        const float* q = qkv.data() + b * T * ld + h * d;
+        const S* q = qkv.data() + b * T * ld + h * d;
         xtrain::kernels::causal_attention_forward(T, d, scale, q, q + C, q + 2 * C, ld, out.data() + b * T * C + h * d,
                                                   C, lse.data() + (b * H + h) * T, scratch.data(), &serial);
       }
     for (std::size_t b = 0; b < B; ++b)
       for (std::size_t h = 0; h < H; ++h) {
-        const float* q = qkv.data() + b * T * ld + h * d;
+        const S* q = qkv.data() + b * T * ld + h * d;
         float* gq = g.data() + b * T * ld + h * d;
         xtrain::kernels::causal_attention_backward(T, d, scale, q, q + C, q + 2 * C, ld, out.data() + b * T * C + h * d,
                                                    dout.data() + b * T * C + h * d, C, lse.data() + (b * H + h) * T, gq,
@@ -299,7 +301,8 @@ BENCHMARK_TEMPLATE(BM_Conv2d, float)->Apply(conv_shapes);
 BENCHMARK_TEMPLATE(BM_Conv2d, bf16)->Apply(conv_shapes);
 BENCHMARK_TEMPLATE(BM_Conv2dAlgorithm, float)->Apply(conv_algorithm_shapes);
 BENCHMARK_TEMPLATE(BM_Conv2dAlgorithm, bf16)->Apply(conv_algorithm_shapes);
-BENCHMARK(BM_CausalAttention)->Apply(attention_shapes);
+BENCHMARK_TEMPLATE(BM_CausalAttention, float)->Apply(attention_shapes);
+BENCHMARK_TEMPLATE(BM_CausalAttention, bf16)->Apply(attention_shapes);
 BENCHMARK_TEMPLATE(BM_Activation, float)->Apply(activation_shapes);
 BENCHMARK_TEMPLATE(BM_Activation, bf16)->Apply(activation_shapes);
 

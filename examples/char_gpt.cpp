@@ -32,8 +32,9 @@ struct Flags {
   std::size_t eval_every = 500, eval_iters = 20, sample = 500, top_k = 0, warmup = 0;
   float lr = 1e-3f, weight_decay = 0.1f, temperature = 1.0f, clip = 1.0f;
   std::uint64_t seed = 1337;
-  std::string precision = "fp32", schedule = "constant", project_dir, resume, export_path;
+  std::string precision = "fp32", schedule = "constant", project_dir, resume, export_path, profile_dir;
   std::size_t threads = 0;  // 0: the backend's default
+  bool shard_optimizer = false;
 };
 
 constexpr const char* usage =
@@ -41,7 +42,8 @@ constexpr const char* usage =
     "           [--batch N | --global-batch N] [--iters N] [--lr X] [--weight-decay X] [--clip X]\n"
     "           [--schedule constant|cosine] [--warmup N] [--seed N] [--threads N] [--precision fp32|bf16|fp16]\n"
     "           [--eval-every N] [--eval-iters N] [--project-dir DIR] [--resume latest|DIR]\n"
-    "           [--export FILE] [--sample N] [--temperature X] [--top-k N]\n"
+    "           [--export FILE] [--sample N] [--temperature X] [--top-k N] [--profile DIR]\n"
+    "           [--shard-optimizer]\n"
     "  --corpus PATH     a text file, or a folder whose regular files are read in name order\n"
     "                    (*.dat, *.u8 and links skipped); default /usr/share/games/fortunes\n"
     "                    (Debian's fortunes package)\n"
@@ -68,7 +70,11 @@ constexpr const char* usage =
     "  --export FILE     write the trained model as safetensors (PyTorch state_dict names)\n"
     "  --sample N        characters to generate after training (default 500; 0: none)\n"
     "  --temperature X   sampling temperature (default 1)\n"
-    "  --top-k N         sample among the N likeliest characters only (default 0: all)\n";
+    "  --top-k N         sample among the N likeliest characters only (default 0: all)\n"
+    "  --profile DIR     print where a step's time goes per layer (steps 16-65), and write Chrome\n"
+    "                    traces to DIR\n"
+    "  --shard-optimizer each process steps 1/P of the parameters and keeps 1/P of AdamW's state\n"
+    "                    (ZeRO stage 1; the same training)\n";
 
 Flags parse(int argc, char** argv) {
   Flags f;
@@ -97,6 +103,8 @@ Flags parse(int argc, char** argv) {
       .count("--sample", f.sample, true)
       .number("--temperature", f.temperature)
       .count("--top-k", f.top_k, true)
+      .text("--profile", f.profile_dir)
+      .toggle("--shard-optimizer", f.shard_optimizer)
       .parse(argc, argv);
   if (f.embd % f.heads != 0)
     example::fail_usage("--embd " + std::to_string(f.embd) + " is not a multiple of --heads " + std::to_string(f.heads),
@@ -198,6 +206,7 @@ int run(const Flags& flags) {
                      .threads(flags.threads)
                      .clip_grad_norm(flags.clip)
                      .param_groups({xtrain::optim::ParamGroup::no_weight_decay()})
+                     .shard_optimizer(flags.shard_optimizer)
                      .project_dir(flags.project_dir)
                      .verbose(false);
   if (flags.schedule == "cosine") {
@@ -247,6 +256,9 @@ int run(const Flags& flags) {
     if (main_process)
       std::printf("Resumed from %s: %llu steps done\n", from.c_str(), static_cast<unsigned long long>(trainer.step()));
   }
+  namespace profile = xtrain::profile;
+  profile::Profiler profiler({.schedule = profile::Schedule{.warmup = 5, .active = 50, .repeat = 1, .skip_first = 10}});
+  if (!flags.profile_dir.empty()) trainer.set_profiler(&profiler);
   // Fixed evaluation sets (keys above any step): the same windows at every evaluation.
   constexpr std::uint64_t eval_key = 1ull << 50;
   const xtrain::data::WindowSubset train_eval(train, flags.seed, eval_key, flags.eval_iters * global);
@@ -292,6 +304,8 @@ int run(const Flags& flags) {
     val_loss = trainer.evaluate(val_eval).loss;
   }
   if (!flags.export_path.empty()) trainer.save_model(flags.export_path);
+  if (!flags.profile_dir.empty())
+    example::report_profile(profiler, trainer.communicator(), flags.profile_dir, "steps 16-65");
   if (main_process) {
     std::printf("Final val loss: %.4f\n", val_loss);
     std::printf("Total Training Time: %.2f seconds\n", total_seconds);

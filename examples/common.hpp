@@ -182,4 +182,16 @@ inline void report_kernels(const std::string& precision) {
         std::string(k::fp16_convert_isa()) == "scalar" ? "scalar" : "hardware");
 }
 
+/// After training with --profile DIR: rank 0 prints the profiler's table (which steps it covers
+/// in `steps`), and every rank writes its Chrome trace to `dir` (collective).
+template <class Communicator>
+void report_profile(const xtrain::profile::Profiler& profiler, Communicator& comm, const std::string& dir,
+                    const std::string& steps) {
+  const std::string table = xtrain::profile::table(profiler, comm);
+  const auto files = xtrain::profile::export_chrome_traces(profiler, comm, dir);
+  if (comm.rank() == 0)
+    std::printf("Profile (%s):\n%sChrome trace: %s (open in ui.perfetto.dev or chrome://tracing)\n", steps.c_str(),
+                table.c_str(), files.back().c_str());
+}
+
 }  // namespace example

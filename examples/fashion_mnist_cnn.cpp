@@ -140,13 +140,8 @@ int run_training(const Flags& flags, Model model) {
                                .steps(flags.checkpoint_every_steps);
   const xtrain::History history = trainer.fit(train, test, checkpoints);
   if (!flags.export_path.empty()) trainer.save_model(flags.export_path);
-  if (!flags.profile_dir.empty()) {
-    const std::string table = profile::table(profiler, trainer.communicator());
-    const auto files = profile::export_chrome_traces(profiler, trainer.communicator(), flags.profile_dir);
-    if (main_process)
-      std::printf("Profile (steps 16-65):\n%sChrome trace: %s (open in ui.perfetto.dev or chrome://tracing)\n",
-                  table.c_str(), files.back().c_str());
-  }
+  if (!flags.profile_dir.empty())
+    example::report_profile(profiler, trainer.communicator(), flags.profile_dir, "steps 16-65");
   if (history.epochs.empty()) {
     if (main_process) std::printf("Nothing to train: the checkpoint already completed %zu epochs\n", flags.epochs);
     return 0;

@@ -237,14 +237,10 @@ int run_training(const Flags& flags) {
                 measured / (1 << 20), estimated / (1 << 20), 100.0 * (estimated - measured) / measured);
   }
   if (!flags.export_path.empty()) trainer.save_model(flags.export_path);
-  if (!flags.profile_dir.empty()) {
-    const std::string table = profile::table(profiler, trainer.communicator());
-    const auto files = profile::export_chrome_traces(profiler, trainer.communicator(), flags.profile_dir);
-    if (main_process)
-      std::printf("Profile (%s):\n%sChrome trace: %s (open in ui.perfetto.dev or chrome://tracing)\n",
-                  flags.profile_steps ? ("steps 16-" + std::to_string(15 + flags.profile_steps)).c_str() : "every step",
-                  table.c_str(), files.back().c_str());
-  }
+  if (!flags.profile_dir.empty())
+    example::report_profile(
+        profiler, trainer.communicator(), flags.profile_dir,
+        flags.profile_steps ? "steps 16-" + std::to_string(15 + flags.profile_steps) : "every step");
   if (history.epochs.empty()) {
     if (main_process) std::printf("Nothing to train: the checkpoint already completed %zu epochs\n", flags.epochs);
     return 0;

@@ -7,7 +7,7 @@
 //    weights, so that the softmax is far from uniform), a whole GPT (logits, loss, every gradient,
 //    weight tying) and three AdamW steps of it through the Trainer (parameter groups, clipping off);
 //  - the attention kernel against its scalar twin (kernels/reference/attention.hpp) on lengths
-//    below, at and across its block of rows;
+//    below, at and across its block of rows, in fp32 and in bf16;
 //  - gradcheck of LayerNorm, attention and the block; bf16/fp16 close to fp32; the errors a user
 //    meets; no allocation per step once warm;
 //  - the text data set: file order, vocabulary, windows, rank-invariant random batches.
@@ -160,6 +160,45 @@ TEST_CASE("Causal attention kernel matches its scalar twin across its block of r
     kernels::reference::causal_attention_backward(T, d, scale, q, q + d, q + 2 * d, ld, dout.data(), ldo, ref_g.data(),
                                                   ref_g.data() + d, ref_g.data() + 2 * d, ld);
     for (std::size_t i = 0; i < T * ld; ++i) REQUIRE(g[i] == Approx(ref_g[i]).margin(1e-4));
+  }
+}
+
+TEST_CASE("Causal attention kernel in bf16 is the twin's on the bf16 values, to bf16's rounding of P and dS",
+          "[transformer][kernels][precision]") {
+  // bf16 q, k, v and dout are read in place; what the twin cannot know is the rounding of the
+  // probabilities and their gradients to bf16 as they enter a product (relative 2^-9 each).
+  for (const auto& [T, d] : std::vector<std::pair<std::size_t, std::size_t>>{{5, 4}, {64, 32}, {130, 16}}) {
+    INFO("T " << T << ", d " << d);
+    const std::size_t ld = 3 * d + 2, ldo = d + 2;
+    auto as_bf16 = [](const Matrix& m, std::vector<bf16>& b, Matrix& widened) {
+      b.resize(m.size());
+      kernels::from_float(m.data(), b.data(), m.size());
+      widened = Matrix(m.shape());
+      kernels::to_float(b.data(), widened.data(), m.size());
+    };
+    std::vector<bf16> qkv, dout;
+    Matrix qkv_w, dout_w;
+    as_bf16(random_tensor({T, ld}, 60 + T), qkv, qkv_w);
+    as_bf16(random_tensor({T, ldo}, 70 + T), dout, dout_w);
+    const float scale = 1.3f;  // sharper than uniform
+    Matrix out({T, ldo}), lse({T}), ref_out({T, ldo}), ref_lse({T});
+    std::vector<float> scratch(2 * kernels::attention_scratch(T));
+    const bf16* q = qkv.data();
+    kernels::causal_attention_forward(T, d, scale, q, q + d, q + 2 * d, ld, out.data(), ldo, lse.data(),
+                                      scratch.data());
+    const float* qw = qkv_w.data();
+    kernels::reference::causal_attention_forward(T, d, scale, qw, qw + d, qw + 2 * d, ld, ref_out.data(), ldo,
+                                                 ref_lse.data());
+    require_close("lse", std::span<const float>(lse.data(), lse.size()), ref_lse, 1e-5f);
+    require_close("out", std::span<const float>(out.data(), out.size()), ref_out, 1e-2f);
+    Matrix g({T, ld}), ref_g({T, ld});
+    g.fill(0.5f);
+    ref_g.fill(0.5f);
+    kernels::causal_attention_backward(T, d, scale, q, q + d, q + 2 * d, ld, out.data(), dout.data(), ldo, lse.data(),
+                                       g.data(), g.data() + d, g.data() + 2 * d, ld, scratch.data());
+    kernels::reference::causal_attention_backward(T, d, scale, qw, qw + d, qw + 2 * d, ld, dout_w.data(), ldo,
+                                                  ref_g.data(), ref_g.data() + d, ref_g.data() + 2 * d, ld);
+    require_close("dq, dk, dv", std::span<const float>(g.data(), g.size()), ref_g, 2e-2f);
   }
 }
 

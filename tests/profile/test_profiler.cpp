@@ -129,6 +129,30 @@ TEST_CASE("Profiler: the schedule skips, warms up (dropped) and keeps active ste
   REQUIRE(idle.events().empty());
 }
 
+TEST_CASE("Profiler: a loop of train_step is recorded as fit's steps are, a profiler step per optimizer step",
+          "[profile]") {
+  // accumulate(2): two train_step calls (micro-steps) make one optimizer step.
+  Trainer trainer{nested_model(), optim::Adam{},
+                  TrainerOptions{}.batch_size(8).global_batch_size(16).accumulate(2).verbose(false)};
+  profile::Profiler prof({.schedule = {.warmup = 1, .active = 2, .repeat = 1}});
+  trainer.set_profiler(&prof);
+  const data::TensorDataset set = random_set(8, 1);
+  const Tensor<float>& x = set.features();
+  for (std::size_t call = 0; call < 8; ++call) trainer.train_step(x, set.targets(), (call % 2) * 8, 16);
+  REQUIRE(trainer.step() == 4);
+  REQUIRE(prof.step_count() == 4);
+  std::multiset<std::uint64_t> step_events;
+  std::size_t adam = 0;
+  for (const auto& e : prof.events()) {
+    if (e.category == profile::Category::step) step_events.insert(e.step);
+    adam += what(prof, e) == "Adam step";
+    if (e.parent == profile::Event::none) REQUIRE(e.category == profile::Category::step);
+  }
+  // Steps 1 and 2 active (step 0 the warmup, dropped), each of two micro-step events.
+  REQUIRE(step_events == std::multiset<std::uint64_t>{1, 1, 2, 2});
+  REQUIRE(adam == 2);
+}
+
 TEST_CASE("Profiler: the table groups, sorts and accounts for the step time; the trace is Chrome's JSON", "[profile]") {
   Trainer trainer{nested_model(), optim::Adam{}, TrainerOptions{}.batch_size(16).epochs(1).verbose(false)};
   profile::Profiler prof;

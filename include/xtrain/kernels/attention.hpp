@@ -1,20 +1,26 @@
 #pragma once
 /// \file attention.hpp
 /// Causal scaled dot-product attention of one (sample, head), and layer normalisation of rows, in
-/// fp32. Attention runs in blocks of `attention_block` query rows: a block's scores against the
-/// keys up to its last row (the causal mask skips the rest) come from the packed GEMM, the softmax
-/// is taken in place, and the block's output is one more GEMM. Only the log-sum-exp of each row
-/// is kept for backward, which recomputes the probabilities block by block (as flash attention
-/// does): memory for backward grows as T per head, the scratch as block x T once.
+/// fp32. The attention's products run in fp32 (q, k, v, dout stored as fp32) or in bf16 (stored as
+/// bf16: the products read them in place with fp32 accumulation, and the probabilities and their
+/// gradients are rounded to bf16 as they enter a product, as in bf16 flash attention); the softmax
+/// and everything kept run in fp32 either way. Attention runs in blocks of `attention_block` query
+/// rows: a block's scores against the keys up to its last row (the causal mask skips the rest)
+/// come from the packed GEMM, the softmax is taken in place, and the block's output is one more
+/// GEMM. Only the log-sum-exp of each row is kept for backward, which recomputes the
+/// probabilities block by block (as flash attention does): memory for backward grows as T per
+/// head, the scratch as block x T once.
 /// Scalar twin: kernels/reference/attention.hpp.
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <type_traits>
 
 #include "xtrain/kernels/elementwise.hpp"
 #include "xtrain/kernels/gemm.hpp"
+#include "xtrain/kernels/gemm_lowp.hpp"
 #include "xtrain/kernels/simd.hpp"
 
 namespace xtrain::kernels {
@@ -28,8 +34,27 @@ constexpr std::size_t attention_scratch(std::size_t positions) noexcept {
 }
 
 namespace detail {
-/// x[i] = exp(x[i] - shift) for i < n; returns their sum (fp32 lanes, then the lanes in order).
+/// max of x[i] for i < n (n >= 1).
 template <class Arch = simd::default_arch>
+float row_max(const float* x, std::size_t n) noexcept {
+  using B = simd::batch<float, Arch>;
+  constexpr std::size_t w = B::size;
+  float m = x[0];
+  std::size_t i = 0;
+  if (n >= w) {
+    B acc = B::load_unaligned(x);
+    for (i = w; i + w <= n; i += w) acc = xsimd::max(acc, B::load_unaligned(x + i));
+    alignas(64) float lanes[w];
+    acc.store_aligned(lanes);
+    m = *std::max_element(lanes, lanes + w);
+  }
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+/// x[i] = exp(x[i] - shift) for i < n (the tail through one padded register: no scalar exp);
+/// returns their sum when Sum (fp32 lanes, then the lanes in order, then the tail in order).
+template <bool Sum, class Arch = simd::default_arch>
 float exp_shifted(float* x, std::size_t n, float shift) noexcept {
   using B = simd::batch<float, Arch>;
   constexpr std::size_t w = B::size;
@@ -39,83 +64,122 @@ float exp_shifted(float* x, std::size_t n, float shift) noexcept {
   for (; i + w <= n; i += w) {
     const B e = ops::exp_clamped(B::load_unaligned(x + i) - s);
     e.store_unaligned(x + i);
-    acc += e;
+    if constexpr (Sum) acc += e;
   }
-  float sum = simd::horizontal_sum(acc);
-  for (; i < n; ++i) {
-    x[i] = std::exp(x[i] - shift);
-    sum += x[i];
+  float sum = Sum ? simd::horizontal_sum(acc) : 0.0f;
+  if (i < n) {
+    alignas(64) float tail[w];
+    std::fill(tail, tail + w, shift);
+    std::copy(x + i, x + n, tail);
+    ops::exp_clamped(B::load_aligned(tail) - s).store_aligned(tail);
+    for (std::size_t j = 0; j < n - i; ++j) {
+      x[i + j] = tail[j];
+      if constexpr (Sum) sum += tail[j];
+    }
   }
   return sum;
 }
-/// x[i] = exp(x[i] - shift) for i < n.
-template <class Arch = simd::default_arch>
-void exp_shifted_only(float* x, std::size_t n, float shift) noexcept {
+
+/// sum of a[i] b[i] for i < n, a widened from S (fp32 lanes, then the lanes in order).
+template <class S, class Arch = simd::default_arch>
+float row_dot(const S* a, const float* b, std::size_t n) noexcept {
   using B = simd::batch<float, Arch>;
-  constexpr std::size_t w = B::size;
-  const B s(shift);
-  std::size_t i = 0;
-  for (; i + w <= n; i += w) ops::exp_clamped(B::load_unaligned(x + i) - s).store_unaligned(x + i);
-  for (; i < n; ++i) x[i] = std::exp(x[i] - shift);
+  constexpr std::size_t w = B::size, chunk = 64;
+  alignas(64) float wide[chunk];
+  B acc(0.0f);
+  float tail = 0.0f;
+  for (std::size_t c0 = 0; c0 < n; c0 += chunk) {
+    const std::size_t m = std::min(chunk, n - c0);
+    const float* x = wide;
+    if constexpr (std::is_same_v<S, float>)
+      x = a + c0;
+    else
+      to_float(a + c0, wide, m);
+    std::size_t i = 0;
+    for (; i + w <= m; i += w) acc = xsimd::fma(B::load_unaligned(x + i), B::load_unaligned(b + c0 + i), acc);
+    for (; i < m; ++i) tail += x[i] * b[c0 + i];
+  }
+  return simd::horizontal_sum(acc) + tail;
+}
+
+/// C = alpha op(A) op(B) + beta C with the products in S: the fp32 GEMM (S = float) or gemm_lowp (S = bf16).
+template <class S, class TA, class TB>
+void attention_gemm(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* A,
+                    std::size_t lda, const TB* B, std::size_t ldb, float beta, float* C, std::size_t ldc,
+                    backend::Executor* executor) {
+  static_assert(std::is_same_v<S, float> || std::is_same_v<S, bf16>, "attention products run in fp32 or bf16");
+  if constexpr (std::is_same_v<S, float>)
+    gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, executor);
+  else
+    gemm_lowp<S>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, executor);
 }
 }  // namespace detail
 
 /// out[i] = sum over j <= i of softmax_j(scale * q_i . k_j) v_j for i < T, and lse[i] the
 /// log-sum-exp of row i's scaled scores (what backward needs). q, k, v: T rows of d floats at
 /// stride `ld` (the fused QKV projection's row); out: T rows at stride `ldo`. `scratch`: at least
-/// attention_scratch(T) floats. The GEMMs pack in the calling thread's workspace of `executor`.
-inline void causal_attention_forward(std::size_t T, std::size_t d, float scale, const float* q, const float* k,
-                                     const float* v, std::size_t ld, float* out, std::size_t ldo, float* lse,
-                                     float* scratch, backend::Executor* executor = nullptr) {
+/// attention_scratch(T) floats. S: float, or bf16 (products in bf16, see the file's comment). The
+/// GEMMs pack in the calling thread's workspace of `executor`.
+template <class S>
+void causal_attention_forward(std::size_t T, std::size_t d, float scale, const S* q, const S* k, const S* v,
+                              std::size_t ld, float* out, std::size_t ldo, float* lse, float* scratch,
+                              backend::Executor* executor = nullptr) {
   for (std::size_t i0 = 0; i0 < T; i0 += attention_block) {
     const std::size_t i1 = std::min(T, i0 + attention_block), rows = i1 - i0, keys = i1;
     float* s = scratch;
-    gemm(Trans::no, Trans::yes, rows, keys, d, scale, q + i0 * ld, ld, k, ld, 0.0f, s, keys, executor);
+    detail::attention_gemm<S>(Trans::no, Trans::yes, rows, keys, d, scale, q + i0 * ld, ld, k, ld, 0.0f, s, keys,
+                              executor);
     for (std::size_t r = 0; r < rows; ++r) {
       float* row = s + r * keys;
       const std::size_t n = i0 + r + 1;  // keys 0..i
-      const float m = *std::max_element(row, row + n);
-      const float sum = detail::exp_shifted(row, n, m);
+      const float m = detail::row_max(row, n);
+      const float sum = detail::exp_shifted<true>(row, n, m);
       const float inv = 1.0f / sum;
       for (std::size_t j = 0; j < n; ++j) row[j] *= inv;
       std::fill(row + n, row + keys, 0.0f);
       lse[i0 + r] = m + std::log(sum);
     }
-    gemm(Trans::no, Trans::no, rows, d, keys, 1.0f, s, keys, v, ld, 0.0f, out + i0 * ldo, ldo, executor);
+    detail::attention_gemm<S>(Trans::no, Trans::no, rows, d, keys, 1.0f, s, keys, v, ld, 0.0f, out + i0 * ldo, ldo,
+                              executor);
   }
 }
 
 /// Backward of causal_attention_forward: dq = d(loss)/dq (written), dk and dv ADDED into (the
 /// caller zeroes them), all T rows of d floats at stride `ldg`. `out` and `lse` are forward's,
 /// `dout` the gradient of out (stride ldo). `scratch`: at least 2 * attention_scratch(T) floats.
-/// The probabilities are recomputed from q, k and lse. The GEMMs pack in the calling thread's
-/// workspace of `executor`.
-inline void causal_attention_backward(std::size_t T, std::size_t d, float scale, const float* q, const float* k,
-                                      const float* v, std::size_t ld, const float* out, const float* dout,
-                                      std::size_t ldo, const float* lse, float* dq, float* dk, float* dv,
-                                      std::size_t ldg, float* scratch, backend::Executor* executor = nullptr) {
+/// The probabilities are recomputed from q, k and lse. S: as forward's (dout stored as S too). The
+/// GEMMs pack in the calling thread's workspace of `executor`.
+template <class S>
+void causal_attention_backward(std::size_t T, std::size_t d, float scale, const S* q, const S* k, const S* v,
+                               std::size_t ld, const float* out, const S* dout, std::size_t ldo, const float* lse,
+                               float* dq, float* dk, float* dv, std::size_t ldg, float* scratch,
+                               backend::Executor* executor = nullptr) {
   float* p = scratch;
   float* dp = scratch + attention_scratch(T);
   for (std::size_t i0 = 0; i0 < T; i0 += attention_block) {
     const std::size_t i1 = std::min(T, i0 + attention_block), rows = i1 - i0, keys = i1;
-    gemm(Trans::no, Trans::yes, rows, keys, d, scale, q + i0 * ld, ld, k, ld, 0.0f, p, keys, executor);
-    gemm(Trans::no, Trans::yes, rows, keys, d, 1.0f, dout + i0 * ldo, ldo, v, ld, 0.0f, dp, keys, executor);
+    detail::attention_gemm<S>(Trans::no, Trans::yes, rows, keys, d, scale, q + i0 * ld, ld, k, ld, 0.0f, p, keys,
+                              executor);
+    detail::attention_gemm<S>(Trans::no, Trans::yes, rows, keys, d, 1.0f, dout + i0 * ldo, ldo, v, ld, 0.0f, dp, keys,
+                              executor);
     for (std::size_t r = 0; r < rows; ++r) {
       const std::size_t i = i0 + r, n = i + 1;
       float* prow = p + r * keys;
       float* dprow = dp + r * keys;
-      detail::exp_shifted_only(prow, n, lse[i]);
+      detail::exp_shifted<false>(prow, n, lse[i]);
       std::fill(prow + n, prow + keys, 0.0f);
       // D_i = sum_j P_ij dP_ij = dout_i . out_i
-      float dsum = 0.0f;
-      for (std::size_t c = 0; c < d; ++c) dsum += dout[i * ldo + c] * out[i * ldo + c];
+      const float dsum = detail::row_dot(dout + i * ldo, out + i * ldo, d);
       for (std::size_t j = 0; j < n; ++j) dprow[j] = prow[j] * (dprow[j] - dsum) * scale;
       std::fill(dprow + n, dprow + keys, 0.0f);
     }
     // dv[0:i1] += P^T dout_blk; dq_blk = dS k[0:i1]; dk[0:i1] += dS^T q_blk
-    gemm(Trans::yes, Trans::no, keys, d, rows, 1.0f, p, keys, dout + i0 * ldo, ldo, 1.0f, dv, ldg, executor);
-    gemm(Trans::no, Trans::no, rows, d, keys, 1.0f, dp, keys, k, ld, 0.0f, dq + i0 * ldg, ldg, executor);
-    gemm(Trans::yes, Trans::no, keys, d, rows, 1.0f, dp, keys, q + i0 * ld, ld, 1.0f, dk, ldg, executor);
+    detail::attention_gemm<S>(Trans::yes, Trans::no, keys, d, rows, 1.0f, p, keys, dout + i0 * ldo, ldo, 1.0f, dv, ldg,
+                              executor);
+    detail::attention_gemm<S>(Trans::no, Trans::no, rows, d, keys, 1.0f, dp, keys, k, ld, 0.0f, dq + i0 * ldg, ldg,
+                              executor);
+    detail::attention_gemm<S>(Trans::yes, Trans::no, keys, d, rows, 1.0f, dp, keys, q + i0 * ld, ld, 1.0f, dk, ldg,
+                              executor);
   }
 }
 
@@ -138,33 +202,60 @@ inline void layer_norm_forward(const float* x, std::size_t rows, std::size_t n, 
   }
 }
 
+namespace detail {
+/// One row of layer_norm_backward (w, dw, db used when Affine). The sums run in 16 fp32 lanes
+/// (vectorised), added in order.
+template <bool Affine>
+void layer_norm_backward_row(const float* __restrict x, const float* __restrict dy, std::size_t n, const float* w,
+                             float m, float s, float* __restrict dx, float* __restrict dw,
+                             float* __restrict db) noexcept {
+  float lanes_g[16] = {}, lanes_gx[16] = {};
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (std::size_t j = 0; j < 16; ++j) {
+      const float xhat = (x[i + j] - m) * s;
+      const float g = Affine ? dy[i + j] * w[i + j] : dy[i + j];
+      lanes_g[j] += g;
+      lanes_gx[j] += g * xhat;
+      if constexpr (Affine) {
+        dw[i + j] += dy[i + j] * xhat;
+        db[i + j] += dy[i + j];
+      }
+    }
+  float sum_g = 0.0f, sum_gx = 0.0f;
+  for (std::size_t j = 0; j < 16; ++j) {
+    sum_g += lanes_g[j];
+    sum_gx += lanes_gx[j];
+  }
+  for (; i < n; ++i) {
+    const float xhat = (x[i] - m) * s;
+    const float g = Affine ? dy[i] * w[i] : dy[i];
+    sum_g += g;
+    sum_gx += g * xhat;
+    if constexpr (Affine) {
+      dw[i] += dy[i] * xhat;
+      db[i] += dy[i];
+    }
+  }
+  const float inv_n = 1.0f / static_cast<float>(n);
+  const float mg = sum_g * inv_n, mgx = sum_gx * inv_n;
+  for (std::size_t j = 0; j < n; ++j) {
+    const float xhat = (x[j] - m) * s;
+    const float g = Affine ? dy[j] * w[j] : dy[j];
+    dx[j] = s * (g - mg - xhat * mgx);
+  }
+}
+}  // namespace detail
+
 /// Backward of layer_norm_forward: dx written; dw, db ADDED into (when w is not null).
 /// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w, xhat = (x - mean) * rstd.
 inline void layer_norm_backward(const float* x, const float* dy, std::size_t rows, std::size_t n, const float* w,
                                 const float* mean, const float* rstd, float* dx, float* dw, float* db) noexcept {
-  const float inv_n = 1.0f / static_cast<float>(n);
   for (std::size_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * n;
-    const float* dyr = dy + r * n;
-    float* dxr = dx + r * n;
-    const float m = mean[r], s = rstd[r];
-    float sum_g = 0.0f, sum_gx = 0.0f;
-    for (std::size_t j = 0; j < n; ++j) {
-      const float xhat = (xr[j] - m) * s;
-      const float g = w != nullptr ? dyr[j] * w[j] : dyr[j];
-      sum_g += g;
-      sum_gx += g * xhat;
-      if (w != nullptr) {
-        dw[j] += dyr[j] * xhat;
-        db[j] += dyr[j];
-      }
-    }
-    const float mg = sum_g * inv_n, mgx = sum_gx * inv_n;
-    for (std::size_t j = 0; j < n; ++j) {
-      const float xhat = (xr[j] - m) * s;
-      const float g = w != nullptr ? dyr[j] * w[j] : dyr[j];
-      dxr[j] = s * (g - mg - xhat * mgx);
-    }
+    if (w != nullptr)
+      detail::layer_norm_backward_row<true>(x + r * n, dy + r * n, n, w, mean[r], rstd[r], dx + r * n, dw, db);
+    else
+      detail::layer_norm_backward_row<false>(x + r * n, dy + r * n, n, w, mean[r], rstd[r], dx + r * n, dw, db);
   }
 }
 

@@ -4,8 +4,12 @@
 /// (GPT's): one fused projection `qkv` = Linear(C, 3C) gives q, k, v (in that order along its
 /// output); each head h attends with softmax(q_h k_h^T / sqrt(C / heads)) over the positions up
 /// to its own, and `proj` = Linear(C, C) maps the heads' outputs back. Parameter names as a
-/// PyTorch module with members `qkv` and `proj`. The softmax and the attention's sums run in fp32
-/// whatever the activation type; only the log-sum-exp of each row is kept for backward (the
+/// PyTorch module with members `qkv` and `proj`. The softmax, its statistics and the attention's
+/// sums run in fp32 whatever the activation type. In bf16 the attention's products read q, k, v
+/// and the output's gradient in bf16 where the projections left them (fp32 accumulation; the
+/// probabilities and their gradients rounded to bf16 as they enter a product, as in bf16 flash
+/// attention); in fp16 they run in fp32 on widened copies (fp16's range is too narrow for the
+/// probabilities' gradients). Only the log-sum-exp of each row is kept for backward (the
 /// probabilities are recomputed), so what backward keeps grows as T, not T^2, per head.
 
 #include <algorithm>
@@ -45,7 +49,7 @@ class CausalSelfAttention {
     Tensor<T>& att = att_.get<T>();
     att.resize(x.shape());
     lse_.resize({batch_ * heads_ * positions_});
-    const float* q = widened(ctx, qkv, qkv32_, n * 3 * embd_);
+    const S<T>* q = operands(ctx, qkv, qkv32_, n * 3 * embd_);
     float* out = nullptr;
     if constexpr (std::is_same_v<T, float>) {
       out = att.data();
@@ -56,7 +60,7 @@ class CausalSelfAttention {
     const std::size_t d = embd_ / heads_, ld = 3 * embd_;
     // (sequence, head) pairs are independent: split over the threads, each with its scratch.
     for_pairs(ctx, [&](std::size_t b, std::size_t h, float* work) {
-      const float* base = q + b * positions_ * ld + h * d;
+      const S<T>* base = q + b * positions_ * ld + h * d;
       kernels::causal_attention_forward(positions_, d, scale(), base, base + embd_, base + 2 * embd_, ld,
                                         out + b * positions_ * embd_ + h * d, embd_,
                                         lse_.data() + (b * heads_ + h) * positions_, work, ctx.executor);
@@ -77,16 +81,19 @@ class CausalSelfAttention {
     ctx.input_grad = true;
     const Tensor<T>& datt = xtrain::backward(ctx, proj_, dy);
     const std::size_t n = batch_ * positions_, d = embd_ / heads_, ld = 3 * embd_;
-    const float* q = nullptr;
+    const S<T>* q = nullptr;
     const float* out = nullptr;
-    const float* dout = nullptr;
+    const S<T>* dout = nullptr;
     if constexpr (std::is_same_v<T, float>) {
-      q = static_cast<const Tensor<T>*>(qkv_out_)->data();
       out = att_.get<T>().data();
+    } else {
+      out = out32_.data();
+    }
+    if constexpr (std::is_same_v<S<T>, T>) {
+      q = static_cast<const Tensor<T>*>(qkv_out_)->data();
       dout = datt.data();
     } else {
       q = qkv32_.data();
-      out = out32_.data();
       dout32_.resize({n * embd_});
       kernels::to_float(datt.data(), dout32_.data(), n * embd_, ctx.executor);
       dout = dout32_.data();
@@ -104,7 +111,7 @@ class CausalSelfAttention {
     // Each pair writes its own columns of its own rows of dqkv.
     for_pairs(ctx, [&](std::size_t b, std::size_t h, float* work) {
       const std::size_t row0 = b * positions_;
-      const float* base = q + row0 * ld + h * d;
+      const S<T>* base = q + row0 * ld + h * d;
       float* gbase = g + row0 * ld + h * d;
       kernels::causal_attention_backward(positions_, d, scale(), base, base + embd_, base + 2 * embd_, ld,
                                          out + row0 * embd_ + h * d, dout + row0 * embd_ + h * d, embd_,
@@ -152,10 +159,14 @@ class CausalSelfAttention {
                           });
   }
 
-  // The fused projection's output in fp32: itself (fp32) or widened into `buffer`.
+  // What the attention's products read in activation type T: T itself (fp32, bf16), else fp32.
   template <class T>
-  static const float* widened(Context& ctx, const Tensor<T>& t, Tensor<float>& buffer, std::size_t n) {
-    if constexpr (std::is_same_v<T, float>) {
+  using S = std::conditional_t<std::is_same_v<T, fp16>, float, T>;
+
+  // The fused projection's output as S<T>: itself, or widened into `buffer` (fp16).
+  template <class T>
+  static const S<T>* operands(Context& ctx, const Tensor<T>& t, Tensor<float>& buffer, std::size_t n) {
+    if constexpr (std::is_same_v<S<T>, T>) {
       return t.data();
     } else {
       buffer.resize({n});
@@ -169,7 +180,8 @@ class CausalSelfAttention {
   std::size_t batch_ = 0, positions_ = 0;
   const void* qkv_out_ = nullptr;  // the qkv projection's output of the last forward
   int type_ = 0;
-  Tensor<float> lse_, scratch_, qkv32_, out32_, dout32_, dqkv32_;  // the last four: bf16/fp16 only
+  Tensor<float> lse_, scratch_, out32_, dqkv32_;  // the last two: bf16/fp16 only
+  Tensor<float> qkv32_, dout32_;                  // fp16 only
   ActivationBuffers att_, dqkv_;
 };
 

@@ -194,9 +194,11 @@ class Trainer {
 
   /// One optimizer step (or micro-step when accumulating) on this rank's inputs `x` and targets
   /// `y` of a global batch of `global_count` samples whose sample 0 is sample `global_offset` of it.
+  /// With a profiler attached it is recorded as fit()'s steps are, and a profiler step ends after
+  /// each optimizer step.
   template <class Input>
   StepResult train_step(const Input& x, const target_type& y, std::size_t global_offset, std::size_t global_count) {
-    return engine_.micro_step(x, y, global_offset, global_count);
+    return profiled_step([&] { return engine_.micro_step(x, y, global_offset, global_count); });
   }
   /// The same with one class id per sample (CrossEntropyLoss).
   StepResult train_step(const Tensor<float>& x, std::span<const std::int32_t> labels, std::size_t global_offset,
@@ -204,7 +206,7 @@ class Trainer {
     const memory::Use use(engine_.backend_memory());
     labels_.resize({labels.size()});
     std::copy(labels.begin(), labels.end(), labels_.data());
-    return engine_.micro_step(x, labels_, global_offset, global_count);
+    return profiled_step([&] { return engine_.micro_step(x, labels_, global_offset, global_count); });
   }
 
   /// The model's output for `x` in eval mode (Dropout off, BatchNorm's running statistics), in
@@ -364,8 +366,8 @@ class Trainer {
 
   /// Records training in `p` from now on (null: stop recording): each step, the data loading,
   /// every module's forward and backward, the loss, the optimizer, the gradient reductions,
-  /// evaluation and checkpoint saves; fit() ends a profiler step after each optimizer step (the
-  /// schedule counts them). Collective: the ranks start the profiler's clock together, so their
+  /// evaluation and checkpoint saves; fit() and train_step() end a profiler step after each
+  /// optimizer step (the schedule counts them). Collective: the ranks start the profiler's clock together, so their
   /// traces share one timeline. `p` must outlive its use; one profiler per Trainer.
   void set_profiler(profile::Profiler* p) {
     profiler_ = p;
@@ -416,6 +418,19 @@ class Trainer {
  private:
   using clock = std::chrono::steady_clock;
   static double seconds_since(clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); }
+
+  // A train_step(): a step event, and a profiler step ended after an optimizer step (as in fit()).
+  template <class F>
+  StepResult profiled_step(F&& micro_step) {
+    const std::uint64_t before = engine_.step();
+    StepResult r;
+    {
+      const auto scope = record(step_label_, profile::Category::step);
+      r = micro_step();
+    }
+    if (profiler_ && engine_.step() != before) profiler_->step();
+    return r;
+  }
 
   // An event of the attached profiler (nothing without one).
   profile::Profiler::Scope record(std::uint32_t label, profile::Category category) {
