@@ -71,8 +71,8 @@ constexpr const char* usage =
     "  --sample N        characters to generate after training (default 500; 0: none)\n"
     "  --temperature X   sampling temperature (default 1)\n"
     "  --top-k N         sample among the N likeliest characters only (default 0: all)\n"
-    "  --profile DIR     print where a step's time goes per layer (steps 16-65), and write Chrome\n"
-    "                    traces to DIR\n"
+    "  --profile DIR     print where a step's time goes per layer (this run's steps 16-65), and\n"
+    "                    write Chrome traces to DIR\n"
     "  --shard-optimizer each process steps 1/P of the parameters and keeps 1/P of AdamW's state\n"
     "                    (ZeRO stage 1; the same training)\n";
 

@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -167,7 +168,9 @@ TEST_CASE("Causal attention kernel in bf16 is the twin's on the bf16 values, to 
           "[transformer][kernels][precision]") {
   // bf16 q, k, v and dout are read in place; what the twin cannot know is the rounding of the
   // probabilities and their gradients to bf16 as they enter a product (relative 2^-9 each).
-  for (const auto& [T, d] : std::vector<std::pair<std::size_t, std::size_t>>{{5, 4}, {64, 32}, {130, 16}}) {
+  // Odd d makes odd strides: q and dout then take the packed path instead of being read in place.
+  for (const auto& [T, d] :
+       std::vector<std::pair<std::size_t, std::size_t>>{{3, 3}, {5, 4}, {64, 32}, {130, 16}, {130, 5}}) {
     INFO("T " << T << ", d " << d);
     const std::size_t ld = 3 * d + 2, ldo = d + 2;
     auto as_bf16 = [](const Matrix& m, std::vector<bf16>& b, Matrix& widened) {
@@ -191,21 +194,60 @@ TEST_CASE("Causal attention kernel in bf16 is the twin's on the bf16 values, to 
                                                  ref_lse.data());
     require_close("lse", std::span<const float>(lse.data(), lse.size()), ref_lse, 1e-5f);
     require_close("out", std::span<const float>(out.data(), out.size()), ref_out, 1e-2f);
-    Matrix g({T, ld}), ref_g({T, ld});
-    g.fill(0.5f);
-    ref_g.fill(0.5f);
+    Matrix g({T, ld}), ref_g({T, ld});  // zeroed: dk and dv are added into
     kernels::causal_attention_backward(T, d, scale, q, q + d, q + 2 * d, ld, out.data(), dout.data(), ldo, lse.data(),
                                        g.data(), g.data() + d, g.data() + 2 * d, ld, scratch.data());
     kernels::reference::causal_attention_backward(T, d, scale, qw, qw + d, qw + 2 * d, ld, dout_w.data(), ldo,
                                                   ref_g.data(), ref_g.data() + d, ref_g.data() + 2 * d, ld);
-    require_close("dq, dk, dv", std::span<const float>(g.data(), g.size()), ref_g, 2e-2f);
+    // Each of dq, dk, dv against its own scale (dk's is the smallest).
+    for (std::size_t part = 0; part < 3; ++part) {
+      Matrix ours({T, d}), expected({T, d});
+      for (std::size_t i = 0; i < T; ++i)
+        for (std::size_t c = 0; c < d; ++c) {
+          ours.data()[i * d + c] = g.data()[i * ld + part * d + c];
+          expected.data()[i * d + c] = ref_g.data()[i * ld + part * d + c];
+        }
+      require_close(part == 0   ? "dq"
+                    : part == 1 ? "dk"
+                                : "dv",
+                    std::span<const float>(ours.data(), ours.size()), expected, 2e-2f);
+    }
   }
+}
+
+TEST_CASE("Causal attention: a NaN score makes its row NaN, in fp32 and bf16", "[transformer][kernels]") {
+  const std::size_t T = 20, d = 4, ld = 3 * d;
+  Matrix qkv = random_tensor({T, ld}, 9);
+  qkv.data()[17 * ld] = std::numeric_limits<float>::quiet_NaN();  // q of row 17: a row past one register
+  std::vector<bf16> qkv16(qkv.size());
+  kernels::from_float(qkv.data(), qkv16.data(), qkv.size());
+  std::vector<float> scratch(2 * kernels::attention_scratch(T));
+  auto check = [&](const Matrix& out) {
+    for (std::size_t i = 0; i < T; ++i)
+      for (std::size_t c = 0; c < d; ++c) {
+        INFO("row " << i << ", column " << c);
+        REQUIRE(std::isnan(out.data()[i * d + c]) == (i == 17));
+      }
+  };
+  Matrix out({T, d}), lse({T});
+  kernels::causal_attention_forward(T, d, 0.5f, qkv.data(), qkv.data() + d, qkv.data() + 2 * d, ld, out.data(), d,
+                                    lse.data(), scratch.data());
+  check(out);
+  kernels::causal_attention_forward(T, d, 0.5f, qkv16.data(), qkv16.data() + d, qkv16.data() + 2 * d, ld, out.data(), d,
+                                    lse.data(), scratch.data());
+  check(out);
 }
 
 TEST_CASE("gradcheck: LayerNorm, CausalSelfAttention, the transformer block", "[transformer][gradcheck]") {
   set_seed(3);
   nn::LayerNorm ln{6};
   require_gradcheck(testing::gradcheck(ln, random_tensor({2, 3, 6}, 1)));
+  // Rows past the 16 lanes of the backward's sums, with and without the affine parameters.
+  nn::LayerNorm wide{37};
+  for (float& w : wide.weight().values()) w = 0.5f + static_cast<float>(&w - wide.weight().values().data()) / 37.0f;
+  require_gradcheck(testing::gradcheck(wide, random_tensor({3, 37}, 4)));
+  nn::LayerNorm plain{37, 1e-5f, false};
+  require_gradcheck(testing::gradcheck(plain, random_tensor({3, 37}, 5)));
   nn::CausalSelfAttention a{6, 2};
   require_gradcheck(testing::gradcheck(a, random_tensor({2, 4, 6}, 2)));
   auto block = nn::transformer_block(6, 3);
@@ -231,6 +273,39 @@ TEST_CASE("GPT in bf16 and fp16 stays close to fp32", "[transformer][precision]"
   };
   compare(model.forward<bf16>(ctx, ids), 0.05f);
   compare(model.forward<fp16>(ctx, ids), 0.01f);
+}
+
+TEST_CASE("CausalSelfAttention's backward in bf16 and fp16 stays close to fp32's", "[transformer][precision]") {
+  set_seed(12);
+  nn::CausalSelfAttention a{32, 2};
+  const Matrix x = random_tensor({3, 20, 32}, 6), dy = random_tensor({3, 20, 32}, 7);
+  Context ctx;
+  auto grads = [&] {
+    std::vector<float> all;
+    visit_parameters(a, [&](const std::string&, Param& p, ParamKind) {
+      all.insert(all.end(), p.grads().begin(), p.grads().end());
+      std::fill(p.grads().begin(), p.grads().end(), 0.0f);
+    });
+    return all;
+  };
+  grads();
+  a.forward<float>(ctx, x);
+  const Matrix dx = a.backward<float>(ctx, dy);
+  const std::vector<float> g32 = grads();
+  auto compare = [&]<class T>(float tolerance) {
+    Tensor<T> x16(x.shape()), dy16(dy.shape());
+    kernels::from_float(x.data(), x16.data(), x.size());
+    kernels::from_float(dy.data(), dy16.data(), dy.size());
+    a.forward<T>(ctx, x16);
+    const Tensor<T>& dx16 = a.backward<T>(ctx, dy16);
+    Matrix dxw(dx.shape());
+    kernels::to_float(dx16.data(), dxw.data(), dxw.size());
+    require_close("dx", std::span<const float>(dxw.data(), dxw.size()), dx, tolerance);
+    const std::vector<float> g16 = grads();
+    require_close("parameter gradients", g16, Matrix({g32.size()}, g32), tolerance);
+  };
+  compare.operator()<bf16>(0.05f);
+  compare.operator()<fp16>(0.01f);
 }
 
 TEST_CASE("Transformer layers say what is wrong", "[transformer][errors]") {

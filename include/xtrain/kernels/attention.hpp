@@ -2,9 +2,10 @@
 /// \file attention.hpp
 /// Causal scaled dot-product attention of one (sample, head), and layer normalisation of rows, in
 /// fp32. The attention's products run in fp32 (q, k, v, dout stored as fp32) or in bf16 (stored as
-/// bf16: the products read them in place with fp32 accumulation, and the probabilities and their
-/// gradients are rounded to bf16 as they enter a product, as in bf16 flash attention); the softmax
-/// and everything kept run in fp32 either way. Attention runs in blocks of `attention_block` query
+/// bf16: the products read them as bf16, without widened copies, with fp32 accumulation, and the
+/// probabilities and their gradients are rounded to bf16 as they enter a product, as in bf16 flash
+/// attention); the softmax and everything kept run in fp32 either way. A NaN or Inf score makes
+/// its row NaN, as the definition does. Attention runs in blocks of `attention_block` query
 /// rows: a block's scores against the keys up to its last row (the causal mask skips the rest)
 /// come from the packed GEMM, the softmax is taken in place, and the block's output is one more
 /// GEMM. Only the log-sum-exp of each row is kept for backward, which recomputes the
@@ -34,7 +35,8 @@ constexpr std::size_t attention_scratch(std::size_t positions) noexcept {
 }
 
 namespace detail {
-/// max of x[i] for i < n (n >= 1).
+/// max of x[i] for i < n (n >= 1); which value a NaN yields does not matter to the callers (a NaN
+/// among x makes the row's exp NaN whatever the shift).
 template <class Arch = simd::default_arch>
 float row_max(const float* x, std::size_t n) noexcept {
   using B = simd::batch<float, Arch>;
@@ -53,7 +55,7 @@ float row_max(const float* x, std::size_t n) noexcept {
 }
 
 /// x[i] = exp(x[i] - shift) for i < n (the tail through one padded register: no scalar exp);
-/// returns their sum when Sum (fp32 lanes, then the lanes in order, then the tail in order).
+/// returns their sum when Sum (fp32 lanes, the lanes summed, then the tail in order).
 template <bool Sum, class Arch = simd::default_arch>
 float exp_shifted(float* x, std::size_t n, float shift) noexcept {
   using B = simd::batch<float, Arch>;
@@ -80,7 +82,7 @@ float exp_shifted(float* x, std::size_t n, float shift) noexcept {
   return sum;
 }
 
-/// sum of a[i] b[i] for i < n, a widened from S (fp32 lanes, then the lanes in order).
+/// sum of a[i] b[i] for i < n, a widened from S (fp32 lanes, the lanes summed, then the tail).
 template <class S, class Arch = simd::default_arch>
 float row_dot(const S* a, const float* b, std::size_t n) noexcept {
   using B = simd::batch<float, Arch>;
@@ -204,11 +206,10 @@ inline void layer_norm_forward(const float* x, std::size_t rows, std::size_t n, 
 
 namespace detail {
 /// One row of layer_norm_backward (w, dw, db used when Affine). The sums run in 16 fp32 lanes
-/// (vectorised), added in order.
+/// (vectorised), added in order. dx may be dy (in place).
 template <bool Affine>
-void layer_norm_backward_row(const float* __restrict x, const float* __restrict dy, std::size_t n, const float* w,
-                             float m, float s, float* __restrict dx, float* __restrict dw,
-                             float* __restrict db) noexcept {
+void layer_norm_backward_row(const float* x, const float* dy, std::size_t n, const float* w, float m, float s,
+                             float* dx, float* __restrict dw, float* __restrict db) noexcept {
   float lanes_g[16] = {}, lanes_gx[16] = {};
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16)

@@ -21,11 +21,13 @@ namespace ops {
 /// e^x for the activations: Cody-Waite reduction, Cephes' degree-5 polynomial (relative error
 /// below 2e-7), 2^n assembled in the exponent bits; x is clamped to [-87.3, 88.3] so 2^n stays a
 /// normal number (e^x below 1.2e-38 returns about 1.2e-38, above 2e38 about 2e38; no Inf, no NaN
-/// for finite x). About half the work of xsimd::exp, which also handles the edges exactly.
+/// for finite x; NaN stays NaN: the clamp's constants are the first operands of min and max,
+/// which x86 returns the second of when one is NaN). About half the work of xsimd::exp, which
+/// also handles the edges exactly.
 template <class B>
 B exp_clamped(B x) noexcept {
   using I = xsimd::batch<std::int32_t, typename B::arch_type>;
-  x = xsimd::max(xsimd::min(x, B(88.3762626647949f)), B(-87.3365447504f));
+  x = xsimd::max(B(-87.3365447504f), xsimd::min(B(88.3762626647949f), x));
   const B n = xsimd::nearbyint(x * B(1.44269504088896341f));
   B r = xsimd::fnma(n, B(0.693359375f), x);
   r = xsimd::fnma(n, B(-2.12194440e-4f), r);

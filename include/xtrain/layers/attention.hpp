@@ -5,11 +5,13 @@
 /// output); each head h attends with softmax(q_h k_h^T / sqrt(C / heads)) over the positions up
 /// to its own, and `proj` = Linear(C, C) maps the heads' outputs back. Parameter names as a
 /// PyTorch module with members `qkv` and `proj`. The softmax, its statistics and the attention's
-/// sums run in fp32 whatever the activation type. In bf16 the attention's products read q, k, v
-/// and the output's gradient in bf16 where the projections left them (fp32 accumulation; the
+/// sums run in fp32 whatever the activation type. In bf16, in a build with AVX512_BF16
+/// (kernels::native_lowp_gemm<bf16>), the attention's products read q, k, v and the output's
+/// gradient in bf16 where the projections left them (vdpbf16ps, fp32 accumulation; the
 /// probabilities and their gradients rounded to bf16 as they enter a product, as in bf16 flash
-/// attention); in fp16 they run in fp32 on widened copies (fp16's range is too narrow for the
-/// probabilities' gradients). Only the log-sum-exp of each row is kept for backward (the
+/// attention). Otherwise (fp16, or bf16 without the instruction, where bf16 products would only
+/// be emulated) they run in fp32 on widened copies; fp16's range is also too narrow for the
+/// probabilities' gradients. Only the log-sum-exp of each row is kept for backward (the
 /// probabilities are recomputed), so what backward keeps grows as T, not T^2, per head.
 
 #include <algorithm>
@@ -159,11 +161,12 @@ class CausalSelfAttention {
                           });
   }
 
-  // What the attention's products read in activation type T: T itself (fp32, bf16), else fp32.
+  // What the attention's products read in activation type T: T itself (fp32; bf16 with native
+  // bf16 products), else fp32.
   template <class T>
-  using S = std::conditional_t<std::is_same_v<T, fp16>, float, T>;
+  using S = std::conditional_t<std::is_same_v<T, bf16> && kernels::native_lowp_gemm<bf16>, bf16, float>;
 
-  // The fused projection's output as S<T>: itself, or widened into `buffer` (fp16).
+  // The fused projection's output as S<T>: itself, or widened into `buffer`.
   template <class T>
   static const S<T>* operands(Context& ctx, const Tensor<T>& t, Tensor<float>& buffer, std::size_t n) {
     if constexpr (std::is_same_v<S<T>, T>) {
@@ -181,7 +184,7 @@ class CausalSelfAttention {
   const void* qkv_out_ = nullptr;  // the qkv projection's output of the last forward
   int type_ = 0;
   Tensor<float> lse_, scratch_, out32_, dqkv32_;  // the last two: bf16/fp16 only
-  Tensor<float> qkv32_, dout32_;                  // fp16 only
+  Tensor<float> qkv32_, dout32_;                  // 16-bit run in fp32 (see S)
   ActivationBuffers att_, dqkv_;
 };
 
