@@ -4,7 +4,7 @@
 /// fp32. The attention's products run in fp32 (q, k, v, dout stored as fp32) or in bf16 (stored as
 /// bf16: the products read them as bf16, without widened copies, with fp32 accumulation, and the
 /// probabilities and their gradients are rounded to bf16 as they enter a product, as in bf16 flash
-/// attention); the softmax and everything kept run in fp32 either way. A NaN or Inf score makes
+/// attention); the softmax and everything kept run in fp32 either way. A NaN or +Inf score makes
 /// its row NaN, as the definition does. Attention runs in blocks of `attention_block` query
 /// rows: a block's scores against the keys up to its last row (the causal mask skips the rest)
 /// come from the packed GEMM, the softmax is taken in place, and the block's output is one more
