@@ -280,23 +280,35 @@ TEST_CASE("GEMMs give bitwise the same result on 1, 2 and 3 threads", "[backend]
       const std::size_t lda = ta == Trans::no ? s.k : s.m, ldb = tb == Trans::no ? s.n : s.k;
       const Matrix a = random_matrix(s.m, s.k, 1), b = random_matrix(s.k, s.n, 2), c0 = random_matrix(s.m, s.n, 3);
       const float beta = t == 1 ? 0.0f : 1.0f;
+      const Matrix bias = random_matrix(1, s.n, 4);  // the bias epilogue follows each part's columns
+      const float* bias_or_none = t >= 2 ? bias.data() : nullptr;
       std::vector<std::vector<float>> out;
       for (backend::Executor* e : {static_cast<backend::Executor*>(nullptr), static_cast<backend::Executor*>(&two),
                                    static_cast<backend::Executor*>(&three)}) {
         std::vector<float> c(c0.begin(), c0.end());
-        kernels::gemm(ta, tb, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), ldb, beta, c.data(), s.n, e);
+        kernels::gemm(ta, tb, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), ldb, beta, c.data(), s.n, e, bias_or_none);
         out.push_back(c);
         std::vector<bf16> a16(a.size());
         kernels::from_float(a.data(), a16.data(), a.size());
         std::vector<float> c16(c0.begin(), c0.end());
-        kernels::gemm_lowp<bf16>(ta, tb, s.m, s.n, s.k, 1.0f, a16.data(), lda, b.data(), ldb, beta, c16.data(), s.n, e);
+        kernels::gemm_lowp<bf16>(ta, tb, s.m, s.n, s.k, 1.0f, a16.data(), lda, b.data(), ldb, beta, c16.data(), s.n, e,
+                                 bias_or_none);
         out.push_back(c16);
+        // A layer's bf16 output, its tiles rounded as they are stored (K <= 512) or after.
+        std::vector<bf16> y16(s.m * s.n);
+        kernels::gemm_into<bf16>(ta, tb, s.m, s.n, s.k, a16.data(), lda, b.data(), ldb, y16.data(),
+                                 *backend::WorkspaceFor(e), e, bias_or_none);
+        std::vector<float> y(y16.size());
+        kernels::to_float(y16.data(), y.data(), y.size());
+        out.push_back(y);
       }
       INFO(s.m << "x" << s.n << "x" << s.k << " transposes " << t);
-      REQUIRE(same_bits(out[0], out[2]));
-      REQUIRE(same_bits(out[0], out[4]));
-      REQUIRE(same_bits(out[1], out[3]));
-      REQUIRE(same_bits(out[1], out[5]));
+      REQUIRE(same_bits(out[0], out[3]));
+      REQUIRE(same_bits(out[0], out[6]));
+      REQUIRE(same_bits(out[1], out[4]));
+      REQUIRE(same_bits(out[1], out[7]));
+      REQUIRE(same_bits(out[2], out[5]));
+      REQUIRE(same_bits(out[2], out[8]));
     }
   }
 }

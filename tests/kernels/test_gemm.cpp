@@ -63,6 +63,49 @@ TEST_CASE("GEMM matches the scalar reference (SSE2: the plain x86-64 path)", "[k
   gemm_suite<xsimd::sse2>();
 }
 
+namespace {
+/// gemm with a bias against the two passes it replaces (the bias written into C, then beta = 1):
+/// bitwise the same at alpha = 1, beta = 0, on every path (dot tiles, packed or in-place operands,
+/// one tile of rows, K in several blocks, ragged tiles, K = 0); and against the reference plus
+/// the bias at any alpha and beta.
+template <class Arch>
+void check_gemm_bias(std::size_t M, std::size_t N, std::size_t K, Trans ta, Trans tb) {
+  const std::size_t lda = ta == Trans::no ? K : M, ldb = tb == Trans::no ? N : K, ldc = N + 2;
+  const auto A = random_vector((ta == Trans::no ? M : K) * lda, 11);
+  const auto B = random_vector((tb == Trans::no ? K : N) * ldb, 12);
+  const auto bias = random_vector(N, 13);
+  std::vector<float> fused(M * ldc, std::numeric_limits<float>::quiet_NaN()), two_pass(M * ldc, 0.0f);
+  for (std::size_t i = 0; i < M; ++i) std::copy(bias.begin(), bias.end(), two_pass.begin() + i * ldc);
+  kernels::gemm<Arch>(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, fused.data(), ldc, nullptr,
+                      bias.data());
+  kernels::gemm<Arch>(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 1.0f, two_pass.data(), ldc);
+  INFO(Arch::name() << " M=" << M << " N=" << N << " K=" << K << " ta=" << (ta == Trans::yes)
+                    << " tb=" << (tb == Trans::yes));
+  for (std::size_t i = 0; i < M; ++i)
+    for (std::size_t j = 0; j < N; ++j) REQUIRE(fused[i * ldc + j] == two_pass[i * ldc + j]);
+  auto C = random_vector(M * ldc, 14), ref = C;
+  kernels::gemm<Arch>(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 0.25f, C.data(), ldc, nullptr, bias.data());
+  kernels::reference::gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 0.25f, ref.data(), ldc);
+  const float tol = 2e-6f * static_cast<float>(K + 4);
+  for (std::size_t i = 0; i < M; ++i)
+    for (std::size_t j = 0; j < N; ++j) REQUIRE(std::abs(C[i * ldc + j] - (ref[i * ldc + j] + bias[j])) <= tol);
+}
+
+template <class Arch>
+void gemm_bias_suite() {
+  const std::array<std::size_t, 3> sizes[] = {{37, 45, 300}, {37, 10, 40},  {37, 70, 100}, {5, 70, 600},
+                                              {31, 45, 70},  {33, 65, 600}, {1, 1, 1},     {20, 20, 0}};
+  for (auto [M, N, K] : sizes)
+    for (Trans ta : {Trans::no, Trans::yes})
+      for (Trans tb : {Trans::no, Trans::yes}) check_gemm_bias<Arch>(M, N, K, ta, tb);
+}
+}  // namespace
+
+TEST_CASE("GEMM's bias equals the bias written first and beta = 1, bitwise", "[kernels][gemm]") {
+  gemm_bias_suite<simd::default_arch>();
+  gemm_bias_suite<xsimd::sse2>();
+}
+
 TEST_CASE("GEMM of the Linear shapes is exact on integers", "[kernels][gemm]") {
   // Small integers make every partial sum exact: any indexing slip shows as a wrong integer.
   const std::size_t M = 32, N = 32, K = 784;

@@ -2,8 +2,10 @@
 // with the operands stored as the compute type or as fp32, and the kernel report. Also built with
 // -march=x86-64-v2 and -march=x86-64-v3 (xtrain_tests_x86-64-v2, xtrain_tests_x86-64-v3), where
 // the GEMM widens to fp32.
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -81,6 +83,68 @@ TEST_CASE("fp16 GEMM matches the scalar reference (this build's kernel)", "[kern
 
 TEST_CASE("bf16 GEMM's widening fallback matches the scalar reference (SSE2)", "[kernels][precision][gemm]") {
   gemm_lowp_suite<bf16, xsimd::sse2>();
+}
+
+TEST_CASE("low-precision GEMM's bias equals the bias written first and beta = 1, bitwise",
+          "[kernels][precision][gemm]") {
+  const auto run = [](auto tag, auto arch) {
+    using T = decltype(tag);
+    using Arch = decltype(arch);
+    for (auto [M, N, K] : {std::array<std::size_t, 3>{37, 45, 300}, {37, 70, 100}, {33, 65, 1100}, {20, 20, 0}})
+      for (Trans ta : {Trans::no, Trans::yes})
+        for (Trans tb : {Trans::no, Trans::yes}) {
+          const std::size_t lda = ta == Trans::no ? K : M, ldb = tb == Trans::no ? N : K, ldc = N + 1;
+          const auto a32 = random_vector((ta == Trans::no ? M : K) * lda, 21);
+          std::vector<T> A(a32.size());
+          for (std::size_t i = 0; i < A.size(); ++i) A[i] = kernels::narrow<T>(a32[i]);
+          const auto B = random_vector((tb == Trans::no ? K : N) * ldb, 22), bias = random_vector(N, 23);
+          std::vector<float> fused(M * ldc, std::numeric_limits<float>::quiet_NaN()), two_pass(M * ldc, 0.0f);
+          for (std::size_t i = 0; i < M; ++i) std::copy(bias.begin(), bias.end(), two_pass.begin() + i * ldc);
+          kernels::gemm_lowp<T, Arch>(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, fused.data(), ldc,
+                                      nullptr, bias.data());
+          kernels::gemm_lowp<T, Arch>(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 1.0f, two_pass.data(), ldc);
+          INFO(T::name << " " << Arch::name() << " M=" << M << " N=" << N << " K=" << K << " ta=" << (ta == Trans::yes)
+                       << " tb=" << (tb == Trans::yes));
+          for (std::size_t i = 0; i < M; ++i)
+            for (std::size_t j = 0; j < N; ++j) REQUIRE(fused[i * ldc + j] == two_pass[i * ldc + j]);
+        }
+  };
+  run(bf16{}, simd::default_arch{});
+  run(fp16{}, simd::default_arch{});
+  run(bf16{}, xsimd::sse2{});
+}
+
+TEST_CASE("gemm_into rounds each tile as from_float rounds the fp32 product, bitwise", "[kernels][precision][gemm]") {
+  // bf16 on AVX512_BF16 with K <= 512 rounds the tiles as they are stored; K > 512, fp16 and
+  // builds without AVX512_BF16 go through fp32 scratch. Both must give the bits of the fp32
+  // product rounded once.
+  const auto run = [](auto tag) {
+    using T = decltype(tag);
+    backend::Workspace ws;
+    for (auto [M, N, K] :
+         {std::array<std::size_t, 3>{37, 45, 300}, {8, 32, 2}, {64, 70, 511}, {33, 65, 1100}, {1, 1, 1}})
+      for (Trans ta : {Trans::no, Trans::yes})
+        for (Trans tb : {Trans::no, Trans::yes})
+          for (bool with_bias : {false, true}) {
+            const std::size_t lda = ta == Trans::no ? K : M, ldb = tb == Trans::no ? N : K;
+            const auto a32 = random_vector((ta == Trans::no ? M : K) * lda, 31);
+            std::vector<T> A(a32.size());
+            for (std::size_t i = 0; i < A.size(); ++i) A[i] = kernels::narrow<T>(a32[i]);
+            const auto B = random_vector((tb == Trans::no ? K : N) * ldb, 32), bias = random_vector(N, 33);
+            const float* b = with_bias ? bias.data() : nullptr;
+            std::vector<float> wide(M * N);
+            kernels::gemm_lowp<T>(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, wide.data(), N, nullptr,
+                                  b);
+            std::vector<T> expected(M * N), y(M * N);
+            kernels::from_float(wide.data(), expected.data(), M * N);
+            kernels::gemm_into<T>(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, y.data(), ws, nullptr, b);
+            INFO(T::name << " M=" << M << " N=" << N << " K=" << K << " ta=" << (ta == Trans::yes)
+                         << " tb=" << (tb == Trans::yes) << " bias " << with_bias);
+            REQUIRE(std::memcmp(y.data(), expected.data(), y.size() * sizeof(T)) == 0);
+          }
+  };
+  run(bf16{});
+  run(fp16{});
 }
 
 TEST_CASE("bf16 GEMM on exactly representable integers is exact", "[kernels][precision][gemm]") {

@@ -369,11 +369,6 @@ inline void batch_norm_dx_columns(const float* dy, const float* xhat, std::size_
   }
 }
 
-/// Each row of y[rows, cols] = v (broadcast a row vector, e.g. a bias before a GEMM with beta = 1).
-inline void broadcast_rows(const float* v, std::size_t rows, std::size_t cols, float* y) noexcept {
-  for (std::size_t r = 0; r < rows; ++r) std::copy(v, v + cols, y + r * cols);
-}
-
 /// Sum of a plane of n floats: 16 fp32 partial sums (vectorised), added in double.
 inline double plane_sum(const float* x, std::size_t n) noexcept {
   float lanes[16] = {};

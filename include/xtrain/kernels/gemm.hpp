@@ -101,6 +101,16 @@ void pack_panels(bool contiguous, const S* X, std::size_t ld, std::size_t c0, st
     const std::size_t width = std::min(W, count - cp);
     float* panel = dst + cp * kc;
     if (contiguous) {
+      if constexpr (std::is_same_v<S, float> && std::is_same_v<T, float>) {
+        if (width == W) {  // a constant count: moves in registers, not a call to memmove per line
+          for (std::size_t k = 0; k < kc; ++k) {
+            const float* line = X + (k0 + k) * ld + c0 + cp;
+#pragma GCC unroll 32
+            for (std::size_t i = 0; i < W; ++i) panel[k * W + i] = line[i];
+          }
+          continue;
+        }
+      }
       for (std::size_t k = 0; k < kc; ++k) {
         float* out = panel + k * W;
         load_rounded<T>(X + (k0 + k) * ld + c0 + cp, width, out);
@@ -153,21 +163,64 @@ void pack_a(Trans ta, const S* A, std::size_t lda, std::size_t i0, std::size_t m
   pack_panels<GemmShape<Arch>::mr, T>(ta == Trans::yes, A, lda, i0, mc, k0, kc, dst);
 }
 
+/// Requests the lines of a register tile of C (rows x cols elements, cols <= 32) for writing, before the
+/// products that fill it: a layer's output is usually not in cache (the step's activations
+/// outgrow it), and the tile's stores at the end would each wait for their line. With the misses
+/// overlapping the products, products of 768 x 512 x 128 into cold memory ran at 101 GFLOP/s
+/// instead of 83 (benchmarks/RESULTS.md, "Prefetching C").
+template <class E>
+inline void prefetch_tile(const E* c, std::size_t ldc, std::size_t rows, std::size_t cols) noexcept {
+  // In asm: GCC deletes a loop of __builtin_prefetch as a loop without effects.
+  const auto line = [](const E* p) {
+#if defined(__PRFCHW__)
+    asm volatile("prefetchw %0" : : "m"(*p));
+#elif defined(__x86_64__) || defined(__i386__)
+    asm volatile("prefetcht0 %0" : : "m"(*p));
+#else
+    __builtin_prefetch(p, 1, 3);
+#endif
+  };
+  for (std::size_t r = 0; r < rows; ++r) {
+    const E* row = c + r * ldc;
+    line(row);
+    line(row + std::min<std::size_t>(16, cols - 1));
+    line(row + cols - 1);
+  }
+}
+
+/// c[r, j] = alpha * tile[r, j] + beta * c[r, j] (+ bias[j] when not null; beta == 0 ignores c)
+/// for r < rows, j < cols: the store of a partial register tile.
+inline void store_tile(const float* tile, std::size_t ld_tile, float alpha, float beta, const float* bias, float* c,
+                       std::size_t ldc, std::size_t rows, std::size_t cols) noexcept {
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t j = 0; j < cols; ++j) {
+      float& out = c[r * ldc + j];
+      const float base = beta == 0.0f ? 0.0f : beta * out;
+      if (bias)
+        out = alpha * tile[r * ld_tile + j] + (beta == 0.0f ? bias[j] : base + bias[j]);
+      else
+        out = beta == 0.0f ? alpha * tile[r * ld_tile + j] : alpha * tile[r * ld_tile + j] + base;
+    }
+}
+
 /// C[0:mr, 0:nr] = alpha * A * Bp + beta * C for a packed B panel; `rows`/`cols` clip the store.
 /// A is a packed panel (PackedA: element (r, k) at a[k * mr + r]) or, when op(A) = A, the rows of A
 /// itself (element (r, k) at a[r * lda + k]; rows past `rows` re-read the last row, never stored):
 /// skipping A's packing saves a copy of A per call, which dominates small GEMMs.
 /// With PackedB false, bp is B itself (row k at bp + k * ldb, NR columns of it read in place).
+/// A bias, when not null, is added to each row of the tile (bias[j] to column j) as the tile is
+/// stored: alpha * A * Bp + beta * C + bias.
 template <class Arch, bool PackedA, bool PackedB = true>
 inline void micro_kernel(std::size_t kc, const float* __restrict a, std::size_t lda, const float* __restrict bp,
                          float alpha, float beta, float* __restrict c, std::size_t ldc, std::size_t rows,
-                         std::size_t cols, std::size_t ldb = 0) {
+                         std::size_t cols, std::size_t ldb = 0, const float* __restrict bias = nullptr) {
   using shape = GemmShape<Arch>;
   using B = simd::batch<float, Arch>;
   constexpr std::size_t mr = shape::mr, nr = shape::nr, w = shape::lanes;
   constexpr std::size_t k_stride = PackedA ? mr : 1;
   const float* arow[mr];
   for (std::size_t r = 0; r < mr; ++r) arow[r] = PackedA ? a + r : a + std::min(r, rows - 1) * lda;
+  prefetch_tile(c, ldc, rows, cols);
   B acc0[mr], acc1[mr];
 #pragma GCC unroll 16
   for (std::size_t r = 0; r < mr; ++r) acc0[r] = acc1[r] = B(0.0f);
@@ -189,15 +242,27 @@ inline void micro_kernel(std::size_t kc, const float* __restrict a, std::size_t 
   }
   const B va(alpha), vb(beta);
   if (rows == mr && cols == nr) {
+    if (beta == 0.0f && !bias) {
+#pragma GCC unroll 16
+      for (std::size_t r = 0; r < mr; ++r) {
+        (va * acc0[r]).store_unaligned(c + r * ldc);
+        (va * acc1[r]).store_unaligned(c + r * ldc + w);
+      }
+      return;
+    }
+    const B bias0 = bias ? B::load_unaligned(bias) : B(0.0f), bias1 = bias ? B::load_unaligned(bias + w) : B(0.0f);
 #pragma GCC unroll 16
     for (std::size_t r = 0; r < mr; ++r) {
       float* row = c + r * ldc;
       if (beta == 0.0f) {
-        (va * acc0[r]).store_unaligned(row);
-        (va * acc1[r]).store_unaligned(row + w);
-      } else {
+        xsimd::fma(va, acc0[r], bias0).store_unaligned(row);
+        xsimd::fma(va, acc1[r], bias1).store_unaligned(row + w);
+      } else if (!bias) {
         xsimd::fma(va, acc0[r], vb * B::load_unaligned(row)).store_unaligned(row);
         xsimd::fma(va, acc1[r], vb * B::load_unaligned(row + w)).store_unaligned(row + w);
+      } else {
+        xsimd::fma(va, acc0[r], xsimd::fma(vb, B::load_unaligned(row), bias0)).store_unaligned(row);
+        xsimd::fma(va, acc1[r], xsimd::fma(vb, B::load_unaligned(row + w), bias1)).store_unaligned(row + w);
       }
     }
     return;
@@ -207,11 +272,7 @@ inline void micro_kernel(std::size_t kc, const float* __restrict a, std::size_t 
     acc0[r].store_aligned(tile + r * nr);
     acc1[r].store_aligned(tile + r * nr + w);
   }
-  for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t j = 0; j < cols; ++j) {
-      float& out = c[r * ldc + j];
-      out = beta == 0.0f ? alpha * tile[r * nr + j] : alpha * tile[r * nr + j] + beta * out;
-    }
+  store_tile(tile, nr, alpha, beta, bias, c, ldc, rows, cols);
 }
 
 #if defined(__AVX512F__)
@@ -237,7 +298,7 @@ inline __m128 sum_lanes4(__m512 a, __m512 b, __m512 c, __m512 d) noexcept {
 /// as much as the products (benchmarks/RESULTS.md, "The small GEMM").
 [[gnu::always_inline]] inline void dot_tile(std::size_t K, const float* a, std::size_t lda, const float* b,
                                             std::size_t ldb, float alpha, float beta, float* c, std::size_t ldc,
-                                            std::size_t rows, std::size_t cols) noexcept {
+                                            std::size_t rows, std::size_t cols, const float* bias) noexcept {
   constexpr std::size_t T = 4;
   // Four named rows of each (an array of pointers is vectorised by the compiler and then read
   // back lane by lane at every step).
@@ -284,12 +345,15 @@ inline __m128 sum_lanes4(__m512 a, __m512 b, __m512 c, __m512 d) noexcept {
     const __m128 s = sums[i];
     float* row = c + i * ldc;
     if (cols == T) {
-      _mm_storeu_ps(row, beta == 0.0f ? s : _mm_add_ps(_mm_mul_ps(vb, _mm_loadu_ps(row)), s));
+      __m128 base = _mm_setzero_ps();
+      if (beta != 0.0f) base = _mm_mul_ps(vb, _mm_loadu_ps(row));
+      if (bias) base = beta == 0.0f ? _mm_loadu_ps(bias) : _mm_add_ps(base, _mm_loadu_ps(bias));
+      _mm_storeu_ps(row, beta == 0.0f && !bias ? s : _mm_add_ps(base, s));
       continue;
     }
     alignas(16) float t[T];
     _mm_store_ps(t, s);
-    for (std::size_t j = 0; j < cols; ++j) row[j] = beta == 0.0f ? t[j] : t[j] + beta * row[j];
+    store_tile(t, T, 1.0f, beta, bias, row, ldc, 1, cols);
   }
 }
 #endif
@@ -324,7 +388,7 @@ constexpr bool use_dot_tiles(Trans ta, Trans tb, std::size_t N, std::size_t K) n
 template <class Arch, class PackB, class PackA>
 void gemm_blocked(backend::Workspace& ws, std::size_t M, std::size_t N, std::size_t K, float alpha, const float* a_rows,
                   std::size_t lda, float beta, float* C, std::size_t ldc, PackB&& pack_b, PackA&& pack_a,
-                  const float* b_rows = nullptr, std::size_t ldb = 0) {
+                  const float* b_rows = nullptr, std::size_t ldb = 0, const float* bias = nullptr) {
   using shape = GemmShape<Arch>;
   static_assert(shape::kc <= 256, "pack_panels converts lines of at most 256 values");
   assert(!b_rows || K <= shape::kc);
@@ -340,6 +404,7 @@ void gemm_blocked(backend::Workspace& ws, std::size_t M, std::size_t N, std::siz
     for (std::size_t k0 = 0; k0 < K; k0 += shape::kc) {
       const std::size_t kc = std::min(shape::kc, K - k0);
       const float beta_block = k0 == 0 ? beta : 1.0f;
+      const float* bias_block = k0 == 0 && bias ? bias + j0 : nullptr;  // added with the first block, as beta
       if (n_full < nc) pack_b(k0, kc, j0 + n_full, nc - n_full, bbuf);
       for (std::size_t i0 = 0; i0 < M; i0 += shape::mc) {
         const std::size_t mc = std::min(shape::mc, M - i0);
@@ -351,19 +416,32 @@ void gemm_blocked(backend::Workspace& ws, std::size_t M, std::size_t N, std::siz
             float* c = C + (i0 + ir) * ldc + j0 + jr;
             const std::size_t rows = std::min(shape::mr, mc - ir), cols = std::min(shape::nr, nc - jr);
             const float* ap = a_rows ? a_rows + (i0 + ir) * lda + k0 : abuf + ir * kc;
+            const float* bias_tile = bias_block ? bias_block + jr : nullptr;
             if (a_rows && in_place)
-              micro_kernel<Arch, false, false>(kc, ap, lda, bp, alpha, beta_block, c, ldc, rows, cols, ldb);
+              micro_kernel<Arch, false, false>(kc, ap, lda, bp, alpha, beta_block, c, ldc, rows, cols, ldb, bias_tile);
             else if (a_rows)
-              micro_kernel<Arch, false>(kc, ap, lda, bp, alpha, beta_block, c, ldc, rows, cols);
+              micro_kernel<Arch, false>(kc, ap, lda, bp, alpha, beta_block, c, ldc, rows, cols, 0, bias_tile);
             else if (in_place)
-              micro_kernel<Arch, true, false>(kc, ap, 0, bp, alpha, beta_block, c, ldc, rows, cols, ldb);
+              micro_kernel<Arch, true, false>(kc, ap, 0, bp, alpha, beta_block, c, ldc, rows, cols, ldb, bias_tile);
             else
-              micro_kernel<Arch, true>(kc, ap, 0, bp, alpha, beta_block, c, ldc, rows, cols);
+              micro_kernel<Arch, true>(kc, ap, 0, bp, alpha, beta_block, c, ldc, rows, cols, 0, bias_tile);
           }
         }
       }
     }
   }
+}
+
+/// C = beta * C + bias (beta == 0 ignores C; bias[j] on column j, none when null): a product
+/// with K == 0 or alpha == 0.
+inline void scale_add_bias(std::size_t M, std::size_t N, float beta, const float* bias, float* C,
+                           std::size_t ldc) noexcept {
+  for (std::size_t i = 0; i < M; ++i)
+    for (std::size_t j = 0; j < N; ++j) {
+      float& out = C[i * ldc + j];
+      out = beta == 0.0f ? 0.0f : beta * out;
+      if (bias) out += bias[j];
+    }
 }
 
 /// Products smaller than this many multiply-adds run on one thread: a fork-join costs about a
@@ -399,19 +477,20 @@ void split_gemm(backend::Executor* e, std::size_t M, std::size_t N, std::size_t 
 
 }  // namespace detail
 
-/// C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C (row-major; op(X) = X or X^T).
+/// C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C (row-major; op(X) = X or X^T), plus
+/// bias[j] on column j of every row when `bias` (N floats) is not null: a Linear layer's
+/// y = x W^T + b in one pass over y, each element rounded as fl(fl(x W^T) + b).
 /// Requires: lda/ldb/ldc are the row strides of A, B, C as stored. beta == 0 ignores C's contents
 /// (NaN in C does not propagate), as BLAS does. With an executor of several threads, a large
 /// product is split over them (detail::split_gemm), with bitwise the same result. The packed
 /// panels live in the executor's workspaces (without an executor: allocated for the call).
 template <class Arch = simd::default_arch>
 void gemm(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const float* A, std::size_t lda,
-          const float* B, std::size_t ldb, float beta, float* C, std::size_t ldc,
-          backend::Executor* executor = nullptr) {
+          const float* B, std::size_t ldb, float beta, float* C, std::size_t ldc, backend::Executor* executor = nullptr,
+          const float* bias = nullptr) {
   if (M == 0 || N == 0) return;
   if (K == 0 || alpha == 0.0f) {
-    for (std::size_t i = 0; i < M; ++i)
-      for (std::size_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    detail::scale_add_bias(M, N, beta, bias, C, ldc);
     return;
   }
   using shape = detail::GemmShape<Arch>;
@@ -425,13 +504,15 @@ void gemm(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float
     const float* a = ta == Trans::no ? A + m0 * lda : A + m0;
     const float* b = tb == Trans::no ? B + n0 : B + n0 * ldb;
     float* c = C + m0 * ldc + n0;
+    const float* bias_n = bias ? bias + n0 : nullptr;
     const std::size_t m = m1 - m0, n = n1 - n0;
 #if defined(__AVX512F__)
     if (dot_tiles) {
       for (std::size_t i = 0; i < m; i += 4)
         for (std::size_t j = 0; j < n; j += 4)
           detail::dot_tile(K, a + i * lda, lda, b + j * ldb, ldb, alpha, beta, c + i * ldc + j, ldc,
-                           std::min<std::size_t>(4, m - i), std::min<std::size_t>(4, n - j));
+                           std::min<std::size_t>(4, m - i), std::min<std::size_t>(4, n - j),
+                           bias_n ? bias_n + j : nullptr);
       return;
     }
 #endif
@@ -444,9 +525,11 @@ void gemm(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float
       for (std::size_t j = 0; j < n_full; j += shape::nr)
         for (std::size_t k0 = 0; k0 < K; k0 += shape::kc)
           detail::micro_kernel<Arch, false, false>(std::min(shape::kc, K - k0), a + k0, lda, b + k0 * ldb + j, alpha,
-                                                   k0 == 0 ? beta : 1.0f, c + j, ldc, m, shape::nr, ldb);
+                                                   k0 == 0 ? beta : 1.0f, c + j, ldc, m, shape::nr, ldb,
+                                                   k0 == 0 && bias_n ? bias_n + j : nullptr);
       if (n_full < n)
-        gemm<Arch>(ta, tb, m, n - n_full, K, alpha, a, lda, b + n_full, ldb, beta, c + n_full, ldc, executor);
+        gemm<Arch>(ta, tb, m, n - n_full, K, alpha, a, lda, b + n_full, ldb, beta, c + n_full, ldc, executor,
+                   bias_n ? bias_n + n_full : nullptr);
       return;
     }
     const backend::WorkspaceFor ws(executor);  // this thread's
@@ -458,7 +541,7 @@ void gemm(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float
         [&](std::size_t i0, std::size_t mc, std::size_t k0, std::size_t kc, float* dst) {
           detail::pack_a<Arch>(ta, a, lda, i0, mc, k0, kc, dst);
         },
-        b_in_place ? b : nullptr, ldb);
+        b_in_place ? b : nullptr, ldb, bias_n);
   });
 }
 

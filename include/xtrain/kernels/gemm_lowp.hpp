@@ -15,6 +15,7 @@
 /// Scalar twin: kernels/reference/gemm.hpp (`reference::gemm_lowp`).
 
 #include <algorithm>
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -58,7 +59,8 @@ namespace detail {
 /// The widening implementation: packs fp32 panels and runs the fp32 micro-kernel.
 template <class Arch, class T, class TA, class TB>
 void gemm_widen(backend::Workspace& ws, Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float alpha,
-                const TA* A, std::size_t lda, const TB* B, std::size_t ldb, float beta, float* C, std::size_t ldc) {
+                const TA* A, std::size_t lda, const TB* B, std::size_t ldb, float beta, float* C, std::size_t ldc,
+                const float* bias) {
   gemm_blocked<Arch>(
       ws, M, N, K, alpha, nullptr, 0, beta, C, ldc,
       [&](std::size_t k0, std::size_t kc, std::size_t j0, std::size_t nc, float* dst) {
@@ -66,7 +68,8 @@ void gemm_widen(backend::Workspace& ws, Trans ta, Trans tb, std::size_t M, std::
       },
       [&](std::size_t i0, std::size_t mc, std::size_t k0, std::size_t kc, float* dst) {
         pack_a<Arch, T>(ta, A, lda, i0, mc, k0, kc, dst);
-      });
+      },
+      nullptr, 0, bias);
 }
 
 #if XTRAIN_HAS_AVX512_BF16
@@ -190,10 +193,48 @@ inline std::uint32_t load_word(const word_unaligned* q) noexcept {
   return w;
 }
 
-template <bool PackedA>
+/// The fp32 store of micro_kernel's tile.
+[[gnu::always_inline]] inline void micro_kernel_store(const __m512 (&acc0)[mr], const __m512 (&acc1)[mr], __m512 va,
+                                                      __m512 vb, float alpha, float beta, float* __restrict c,
+                                                      std::size_t ldc, std::size_t rows, std::size_t cols,
+                                                      const float* __restrict bias) {
+  if (rows == mr && cols == nr) {
+    const __m512 bias0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+    const __m512 bias1 = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (std::size_t r = 0; r < mr; ++r) {
+      float* row = c + r * ldc;
+      if (beta == 0.0f && !bias) {
+        _mm512_storeu_ps(row, _mm512_mul_ps(va, acc0[r]));
+        _mm512_storeu_ps(row + 16, _mm512_mul_ps(va, acc1[r]));
+      } else if (beta == 0.0f) {
+        _mm512_storeu_ps(row, _mm512_fmadd_ps(va, acc0[r], bias0));
+        _mm512_storeu_ps(row + 16, _mm512_fmadd_ps(va, acc1[r], bias1));
+      } else if (!bias) {
+        _mm512_storeu_ps(row, _mm512_fmadd_ps(va, acc0[r], _mm512_mul_ps(vb, _mm512_loadu_ps(row))));
+        _mm512_storeu_ps(row + 16, _mm512_fmadd_ps(va, acc1[r], _mm512_mul_ps(vb, _mm512_loadu_ps(row + 16))));
+      } else {
+        _mm512_storeu_ps(row, _mm512_fmadd_ps(va, acc0[r], _mm512_fmadd_ps(vb, _mm512_loadu_ps(row), bias0)));
+        _mm512_storeu_ps(row + 16, _mm512_fmadd_ps(va, acc1[r], _mm512_fmadd_ps(vb, _mm512_loadu_ps(row + 16), bias1)));
+      }
+    }
+    return;
+  }
+  alignas(64) float tile[mr * nr];
+  for (std::size_t r = 0; r < mr; ++r) {
+    _mm512_store_ps(tile + r * nr, acc0[r]);
+    _mm512_store_ps(tile + r * nr + 16, acc1[r]);
+  }
+  store_tile(tile, nr, alpha, beta, bias, c, ldc, rows, cols);
+}
+
+/// C tile = alpha * A * B + beta * C (+ bias). C is fp32, or bf16 (TC = bf16: beta must be 0, one
+/// block of K: the fp32 tile is rounded to bf16 as it is stored, as from_float would round it).
+template <bool PackedA, class TC = float>
 inline void micro_kernel(std::size_t kp, const std::uint32_t* __restrict a, const word_unaligned* const* arow,
-                         const std::uint32_t* __restrict b, float alpha, float beta, float* __restrict c,
-                         std::size_t ldc, std::size_t rows, std::size_t cols) {
+                         const std::uint32_t* __restrict b, float alpha, float beta, TC* __restrict c, std::size_t ldc,
+                         std::size_t rows, std::size_t cols, const float* __restrict bias) {
+  prefetch_tile(c, ldc, rows, cols);
   __m512 acc0[mr], acc1[mr];
 #pragma GCC unroll 8
   for (std::size_t r = 0; r < mr; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
@@ -209,36 +250,44 @@ inline void micro_kernel(std::size_t kp, const std::uint32_t* __restrict a, cons
     }
   }
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  if (rows == mr && cols == nr) {
+  if constexpr (std::is_same_v<TC, bf16>) {
+    assert(beta == 0.0f);
+    (void)vb;
+    if (rows == mr && cols == nr) {
+      const __m512 bias0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+      const __m512 bias1 = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
 #pragma GCC unroll 8
-    for (std::size_t r = 0; r < mr; ++r) {
-      float* row = c + r * ldc;
-      if (beta == 0.0f) {
-        _mm512_storeu_ps(row, _mm512_mul_ps(va, acc0[r]));
-        _mm512_storeu_ps(row + 16, _mm512_mul_ps(va, acc1[r]));
-      } else {
-        _mm512_storeu_ps(row, _mm512_fmadd_ps(va, acc0[r], _mm512_mul_ps(vb, _mm512_loadu_ps(row))));
-        _mm512_storeu_ps(row + 16, _mm512_fmadd_ps(va, acc1[r], _mm512_mul_ps(vb, _mm512_loadu_ps(row + 16))));
+      for (std::size_t r = 0; r < mr; ++r) {
+        auto* row = reinterpret_cast<__m256i*>(c + r * ldc);
+        const __m512 v0 = bias ? _mm512_fmadd_ps(va, acc0[r], bias0) : _mm512_mul_ps(va, acc0[r]);
+        const __m512 v1 = bias ? _mm512_fmadd_ps(va, acc1[r], bias1) : _mm512_mul_ps(va, acc1[r]);
+        _mm256_storeu_si256(row, round_bf16(v0));
+        _mm256_storeu_si256(row + 1, round_bf16(v1));
       }
+      return;
     }
+    alignas(64) float tile[mr * nr], out[mr * nr];
+    for (std::size_t r = 0; r < mr; ++r) {
+      _mm512_store_ps(tile + r * nr, acc0[r]);
+      _mm512_store_ps(tile + r * nr + 16, acc1[r]);
+    }
+    store_tile(tile, nr, alpha, 0.0f, bias, out, nr, rows, cols);
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t j = 0; j < cols; ++j) c[r * ldc + j] = bf16::from_bits(float_to_bf16_bits(out[r * nr + j]));
     return;
+  } else {
+    micro_kernel_store(acc0, acc1, va, vb, alpha, beta, c, ldc, rows, cols, bias);
   }
-  alignas(64) float tile[mr * nr];
-  for (std::size_t r = 0; r < mr; ++r) {
-    _mm512_store_ps(tile + r * nr, acc0[r]);
-    _mm512_store_ps(tile + r * nr + 16, acc1[r]);
-  }
-  for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t j = 0; j < cols; ++j) {
-      float& out = c[r * ldc + j];
-      out = beta == 0.0f ? alpha * tile[r * nr + j] : alpha * tile[r * nr + j] + beta * out;
-    }
 }
 
 /// The packed blocks live in `ws` (the calling thread's workspace).
-template <class TA, class TB>
+/// C is fp32, or bf16 when K <= kc and beta == 0 (each tile rounded as it is stored).
+template <class TA, class TB, class TC>
 void gemm(backend::Workspace& ws, Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float alpha,
-          const TA* A, std::size_t lda, const TB* B, std::size_t ldb, float beta, float* C, std::size_t ldc) {
+          const TA* A, std::size_t lda, const TB* B, std::size_t ldb, float beta, TC* C, std::size_t ldc,
+          const float* bias) {
+  static_assert(std::is_same_v<TC, float> || std::is_same_v<TC, bf16>);
+  assert((std::is_same_v<TC, float> || (K <= kc && beta == 0.0f)));
   const std::size_t kp_max = (std::min(kc, K) + 1) / 2;
   const std::size_t nc_max = std::min(nc, (N + nr - 1) / nr * nr), mc_max = std::min(mc, (M + mr - 1) / mr * mr);
   std::uint32_t* const bbuf = ws.get<std::uint32_t>(backend::Workspace::Slot::words_b, nc_max * kp_max);
@@ -251,6 +300,7 @@ void gemm(backend::Workspace& ws, Trans ta, Trans tb, std::size_t M, std::size_t
     for (std::size_t k0 = 0; k0 < K; k0 += kc) {
       const std::size_t kcur = std::min(kc, K - k0), kp = (kcur + 1) / 2;
       const float beta_block = k0 == 0 ? beta : 1.0f;
+      const float* bias_block = k0 == 0 && bias ? bias + j0 : nullptr;  // added with the first block, as beta
       if (tb == Trans::no)
         pack_across(B, ldb, k0, kcur, j0, ncur, nr, bbuf);
       else
@@ -268,14 +318,17 @@ void gemm(backend::Workspace& ws, Trans ta, Trans tb, std::size_t M, std::size_t
         for (std::size_t jr = 0; jr < ncur; jr += nr)
           for (std::size_t ir = 0; ir < mcur; ir += mr) {
             const std::size_t rows = std::min(mr, mcur - ir), cols = std::min(nr, ncur - jr);
-            float* c = C + (i0 + ir) * ldc + j0 + jr;
+            TC* c = C + (i0 + ir) * ldc + j0 + jr;
+            const float* bias_tile = bias_block ? bias_block + jr : nullptr;
             if (in_place) {
               const word_unaligned* arow[mr];
               for (std::size_t r = 0; r < mr; ++r)
                 arow[r] = reinterpret_cast<const word_unaligned*>(A + (i0 + ir + std::min(r, rows - 1)) * lda + k0);
-              micro_kernel<false>(kp, nullptr, arow, bbuf + jr * kp, alpha, beta_block, c, ldc, rows, cols);
+              micro_kernel<false, TC>(kp, nullptr, arow, bbuf + jr * kp, alpha, beta_block, c, ldc, rows, cols,
+                                      bias_tile);
             } else {
-              micro_kernel<true>(kp, abuf + ir * kp, nullptr, bbuf + jr * kp, alpha, beta_block, c, ldc, rows, cols);
+              micro_kernel<true, TC>(kp, abuf + ir * kp, nullptr, bbuf + jr * kp, alpha, beta_block, c, ldc, rows, cols,
+                                     bias_tile);
             }
           }
       }
@@ -288,22 +341,21 @@ void gemm(backend::Workspace& ws, Trans ta, Trans tb, std::size_t M, std::size_t
 
 }  // namespace detail
 
-/// C[M,N] (fp32) = alpha * op(A) * op(B) + beta * C with the operands rounded to T (bf16 or fp16)
-/// and fp32 accumulation. TA and TB are each T or float. Same conventions as kernels::gemm
-/// (row-major, strides as stored, beta == 0 ignores C, split over the executor's threads with
-/// bitwise the same result).
+/// C[M,N] (fp32) = alpha * op(A) * op(B) + beta * C (+ bias[j] on column j when `bias` is not
+/// null) with the operands rounded to T (bf16 or fp16) and fp32 accumulation. TA and TB are each
+/// T or float. Same conventions as kernels::gemm (row-major, strides as stored, beta == 0 ignores
+/// C, split over the executor's threads with bitwise the same result).
 template <class T, class Arch = simd::default_arch, class TA, class TB>
 void gemm_lowp(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* A,
                std::size_t lda, const TB* B, std::size_t ldb, float beta, float* C, std::size_t ldc,
-               backend::Executor* executor = nullptr) {
+               backend::Executor* executor = nullptr, const float* bias = nullptr) {
   static_assert(std::is_same_v<T, bf16> || std::is_same_v<T, fp16>, "gemm_lowp computes in bf16 or fp16");
   static_assert(
       (std::is_same_v<TA, T> || std::is_same_v<TA, float>)&&(std::is_same_v<TB, T> || std::is_same_v<TB, float>),
       "gemm_lowp operands are stored as the compute type or as fp32");
   if (M == 0 || N == 0) return;
   if (K == 0 || alpha == 0.0f) {
-    for (std::size_t i = 0; i < M; ++i)
-      for (std::size_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    detail::scale_add_bias(M, N, beta, bias, C, ldc);
     return;
   }
   constexpr bool dot_path =
@@ -317,27 +369,65 @@ void gemm_lowp(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, 
     const TA* a = ta == Trans::no ? A + m0 * lda : A + m0;
     const TB* b = tb == Trans::no ? B + n0 : B + n0 * ldb;
     float* c = C + m0 * ldc + n0;
+    const float* bias_n = bias ? bias + n0 : nullptr;
     const backend::WorkspaceFor ws(executor);  // this thread's
 #if XTRAIN_HAS_AVX512_BF16
     if constexpr (dot_path) {
-      detail::dot::gemm(*ws, ta, tb, m1 - m0, n1 - n0, K, alpha, a, lda, b, ldb, beta, c, ldc);
+      detail::dot::gemm(*ws, ta, tb, m1 - m0, n1 - n0, K, alpha, a, lda, b, ldb, beta, c, ldc, bias_n);
       return;
     }
 #endif
-    detail::gemm_widen<Arch, T>(*ws, ta, tb, m1 - m0, n1 - n0, K, alpha, a, lda, b, ldb, beta, c, ldc);
+    detail::gemm_widen<Arch, T>(*ws, ta, tb, m1 - m0, n1 - n0, K, alpha, a, lda, b, ldb, beta, c, ldc, bias_n);
   });
 }
 
-/// C = op(A) op(B) + beta C computed in the activation type T: kernels::gemm for fp32,
-/// gemm_lowp<T> (operands rounded to T, fp32 accumulation) for bf16/fp16. What a layer calls for
-/// its products whatever precision it runs in, with its context's executor.
+/// C = op(A) op(B) + beta C (+ bias on every row when not null) computed in the activation type
+/// T: kernels::gemm for fp32, gemm_lowp<T> (operands rounded to T, fp32 accumulation) for
+/// bf16/fp16. What a layer calls for its products whatever precision it runs in, with its
+/// context's executor.
 template <class T, class TA, class TB>
 void gemm_as(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, const TA* A, std::size_t lda, const TB* B,
-             std::size_t ldb, float beta, float* C, std::size_t ldc, backend::Executor* executor = nullptr) {
+             std::size_t ldb, float beta, float* C, std::size_t ldc, backend::Executor* executor = nullptr,
+             const float* bias = nullptr) {
   if constexpr (std::is_same_v<T, float>)
-    gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc, executor);
+    gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc, executor, bias);
   else
-    gemm_lowp<T>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc, executor);
+    gemm_lowp<T>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc, executor, bias);
+}
+
+/// Y[M,N] (stored as T, rows of N) = op(A) op(B) (+ bias on every row when not null), computed in
+/// T: a layer's output. fp32: kernels::gemm into Y. bf16 on AVX512_BF16 with K <= 512 (one block
+/// of K): each register tile is rounded to bf16 as it is stored, so no fp32 copy of Y is written
+/// and read back. Otherwise the product goes to fp32 scratch in `ws` (the calling thread's
+/// workspace, slot `accumulate`) and is rounded after. Either way each element is rounded once
+/// from the same fp32 value: the results are bitwise the same.
+template <class T, class TA, class TB>
+void gemm_into(Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, const TA* A, std::size_t lda,
+               const TB* B, std::size_t ldb, T* Y, backend::Workspace& ws, backend::Executor* executor = nullptr,
+               const float* bias = nullptr) {
+  if constexpr (std::is_same_v<T, float>) {
+    (void)ws;
+    gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, Y, N, executor, bias);
+  } else {
+#if XTRAIN_HAS_AVX512_BF16
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (M > 0 && N > 0 && K > 0 && K <= detail::dot::kc) {
+        detail::split_gemm(executor, M, N, K, detail::dot::mr,
+                           [&](std::size_t m0, std::size_t m1, std::size_t n0, std::size_t n1) {
+                             const TA* a = ta == Trans::no ? A + m0 * lda : A + m0;
+                             const TB* b = tb == Trans::no ? B + n0 : B + n0 * ldb;
+                             const backend::WorkspaceFor part_ws(executor);  // this thread's
+                             detail::dot::gemm(*part_ws, ta, tb, m1 - m0, n1 - n0, K, 1.0f, a, lda, b, ldb, 0.0f,
+                                               Y + m0 * N + n0, N, bias ? bias + n0 : nullptr);
+                           });
+        return;
+      }
+    }
+#endif
+    float* acc = ws.get<float>(backend::Workspace::Slot::accumulate, M * N);
+    gemm_lowp<T>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, acc, N, executor, bias);
+    from_float(acc, Y, M * N, executor);
+  }
 }
 
 }  // namespace xtrain::kernels

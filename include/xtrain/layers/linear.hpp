@@ -52,17 +52,9 @@ class Linear {
     Tensor<T>& y = y_.get<T>();
     y.resize(x.shape().with_back(out_));
     const backend::WorkspaceFor ws(ctx.executor);
-    float* acc = accumulator<T>(*ws, y, n * out_);
-    float beta = 0.0f;
-    if (has_bias()) {
-      backend::parallel_for(ctx.executor, n, rows_per_part(out_), 1, [&](std::size_t r0, std::size_t r1) {
-        kernels::broadcast_rows(bias_.data(), r1 - r0, out_, acc + r0 * out_);
-      });
-      beta = 1.0f;
-    }
-    kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::yes, n, out_, in_, x.data(), in_, weight_.data(), in_, beta,
-                        acc, out_, ctx.executor);
-    if constexpr (!std::is_same_v<T, float>) kernels::from_float(acc, y.data(), n * out_, ctx.executor);
+    // The bias is added as the product's tiles are stored: no pass of its own over y.
+    kernels::gemm_into<T>(kernels::Trans::no, kernels::Trans::yes, n, out_, in_, x.data(), in_, weight_.data(), in_,
+                          y.data(), *ws, ctx.executor, has_bias() ? bias_.data() : nullptr);
     x_ = &x;
     x_type_ = activation_type_index<T>;
     return y;
@@ -102,10 +94,8 @@ class Linear {
       return dx;
     }
     dx.resize(x.shape());
-    float* acc = accumulator<T>(*ws, dx, n * in_);
-    kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::no, n, in_, out_, dy.data(), out_, weight_.data(), in_,
-                        0.0f, acc, in_, ctx.executor);
-    if constexpr (!std::is_same_v<T, float>) kernels::from_float(acc, dx.data(), n * in_, ctx.executor);
+    kernels::gemm_into<T>(kernels::Trans::no, kernels::Trans::no, n, in_, out_, dy.data(), out_, weight_.data(), in_,
+                          dx.data(), *ws, ctx.executor);
     return dx;
   }
 
@@ -125,21 +115,6 @@ class Linear {
   }
 
  private:
-  // fp32: the GEMM writes the output itself; bf16/fp16: it accumulates into an fp32 buffer of
-  // the thread's workspace first, shared by all layers (so the low-precision activations are the
-  // only per-layer copies).
-  template <class T>
-  static float* accumulator(backend::Workspace& ws, Tensor<T>& out, std::size_t size) {
-    if constexpr (std::is_same_v<T, float>)
-      return out.data();
-    else
-      return ws.get<float>(backend::Workspace::Slot::accumulate, size);
-  }
-  // Rows of `cols` floats per part of a split copy (about 16k floats).
-  static std::size_t rows_per_part(std::size_t cols) {
-    return std::max<std::size_t>(1, (1u << 14) / std::max<std::size_t>(cols, 1));
-  }
-
   std::size_t in_, out_;
   Param weight_, bias_;
   const void* x_ = nullptr;  // the Tensor<T> of the last forward
