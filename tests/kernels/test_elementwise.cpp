@@ -93,12 +93,31 @@ TEST_CASE("BatchNorm's column kernels match the definitions, on part of a wider 
 }
 
 TEST_CASE("column_sums matches the reference and accumulates on request", "[kernels]") {
-  const std::size_t rows = 13, cols = 37;
-  const auto x = random_vector(rows * cols, 5);
-  std::vector<float> out(cols, 0.0f), ref(cols);
-  kernels::column_sums(x.data(), rows, cols, out.data(), false);
-  kernels::reference::column_sums(x.data(), rows, cols, ref.data());
-  for (std::size_t j = 0; j < cols; ++j) REQUIRE(out[j] == Approx(ref[j]).margin(1e-5));
-  kernels::column_sums(x.data(), rows, cols, out.data(), true);
-  for (std::size_t j = 0; j < cols; ++j) REQUIRE(out[j] == Approx(2 * ref[j]).margin(2e-5));
+  for (const std::size_t cols : {37u, 300u}) {  // one partial block; two blocks of 128 and a ragged tail
+    const std::size_t rows = 13;
+    const auto x = random_vector(rows * cols, 5);
+    std::vector<float> out(cols, 0.0f), ref(cols), sequential(cols, 0.0f);
+    kernels::column_sums(x.data(), rows, cols, out.data(), false);
+    kernels::reference::column_sums(x.data(), rows, cols, ref.data());
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t j = 0; j < cols; ++j) sequential[j] += x[r * cols + j];
+    for (std::size_t j = 0; j < cols; ++j) {
+      REQUIRE(out[j] == Approx(ref[j]).margin(1e-5));
+      REQUIRE(out[j] == sequential[j]);  // rows in order: any split of the columns gives these bits
+    }
+    kernels::column_sums(x.data(), rows, cols, out.data(), true);
+    for (std::size_t j = 0; j < cols; ++j) REQUIRE(out[j] == Approx(2 * ref[j]).margin(2e-5));
+    // bf16 rows are widened as they are read: the sums of the widened values, and a row stride.
+    std::vector<bf16> x16(rows * (cols + 3));
+    std::vector<float> widened(rows * cols);
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t j = 0; j < cols; ++j) {
+        x16[r * (cols + 3) + j] = bf16(x[r * cols + j]);
+        widened[r * cols + j] = static_cast<float>(x16[r * (cols + 3) + j]);
+      }
+    std::vector<float> out16(cols), ref16(cols);
+    kernels::column_sums(x16.data(), rows, cols, out16.data(), false, cols + 3);
+    kernels::column_sums(widened.data(), rows, cols, ref16.data(), false);
+    REQUIRE(out16 == ref16);
+  }
 }

@@ -7,7 +7,7 @@
 //    weights, so that the softmax is far from uniform), a whole GPT (logits, loss, every gradient,
 //    weight tying) and three AdamW steps of it through the Trainer (parameter groups, clipping off);
 //  - the attention kernel against its scalar twin (kernels/reference/attention.hpp) on lengths
-//    below, at and across its block of rows, in fp32 and in bf16;
+//    below, at and across its blocks of rows (32 up to 256 positions, 64 beyond), fp32 and bf16;
 //  - gradcheck of LayerNorm, attention and the block; bf16/fp16 close to fp32; the errors a user
 //    meets; no allocation per step once warm;
 //  - the text data set: file order, vocabulary, windows, rank-invariant random batches.
@@ -15,6 +15,7 @@
 // (ctest interop.torch_gpt).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -138,7 +139,7 @@ TEST_CASE("GPT trained by the Trainer with AdamW and parameter groups matches Py
 
 TEST_CASE("Causal attention kernel matches its scalar twin across its block of rows", "[transformer][kernels]") {
   for (const auto& [T, d] :
-       std::vector<std::pair<std::size_t, std::size_t>>{{1, 4}, {5, 3}, {64, 16}, {70, 8}, {130, 5}}) {
+       std::vector<std::pair<std::size_t, std::size_t>>{{1, 4}, {5, 3}, {64, 16}, {70, 8}, {130, 5}, {300, 4}}) {
     INFO("T " << T << ", d " << d);
     const std::size_t ld = 3 * d + 1, ldo = d + 2;  // strided rows, as in the fused projection
     const Matrix qkv = random_tensor({T, ld}, 40 + T);
@@ -155,7 +156,9 @@ TEST_CASE("Causal attention kernel matches its scalar twin across its block of r
       REQUIRE(lse[i] == Approx(ref_lse[i]).margin(1e-5));
       for (std::size_t c = 0; c < d; ++c) REQUIRE(out[i * ldo + c] == Approx(ref_out[i * ldo + c]).margin(1e-5));
     }
-    std::vector<float> g(T * ld, 0.5f), ref_g(T * ld, 0.5f);  // dk, dv added into; dq written
+    // dq, dk, dv written over what was there; the padding column between them left as it was.
+    std::vector<float> g(T * ld, std::numeric_limits<float>::quiet_NaN()), ref_g(T * ld, 0.5f);
+    for (std::size_t i = 0; i < T; ++i) g[i * ld + 3 * d] = ref_g[i * ld + 3 * d];
     kernels::causal_attention_backward(T, d, scale, q, q + d, q + 2 * d, ld, out.data(), dout.data(), ldo, lse.data(),
                                        g.data(), g.data() + d, g.data() + 2 * d, ld, scratch.data());
     kernels::reference::causal_attention_backward(T, d, scale, q, q + d, q + 2 * d, ld, dout.data(), ldo, ref_g.data(),
@@ -194,7 +197,8 @@ TEST_CASE("Causal attention kernel in bf16 is the twin's on the bf16 values, to 
                                                  ref_lse.data());
     require_close("lse", std::span<const float>(lse.data(), lse.size()), ref_lse, 1e-5f);
     require_close("out", std::span<const float>(out.data(), out.size()), ref_out, 1e-2f);
-    Matrix g({T, ld}), ref_g({T, ld});  // zeroed: dk and dv are added into
+    Matrix g({T, ld}), ref_g({T, ld});
+    std::fill(g.data(), g.data() + g.size(), 7.0f);  // written over
     kernels::causal_attention_backward(T, d, scale, q, q + d, q + 2 * d, ld, out.data(), dout.data(), ldo, lse.data(),
                                        g.data(), g.data() + d, g.data() + 2 * d, ld, scratch.data());
     kernels::reference::causal_attention_backward(T, d, scale, qw, qw + d, qw + 2 * d, ld, dout_w.data(), ldo,

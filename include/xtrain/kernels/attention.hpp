@@ -5,7 +5,7 @@
 /// bf16: the products read them as bf16, without widened copies, with fp32 accumulation, and the
 /// probabilities and their gradients are rounded to bf16 as they enter a product, as in bf16 flash
 /// attention); the softmax and everything kept run in fp32 either way. A NaN or +Inf score makes
-/// its row NaN, as the definition does. Attention runs in blocks of `attention_block` query
+/// its row NaN, as the definition does. Attention runs in blocks of attention_block(T) query
 /// rows: a block's scores against the keys up to its last row (the causal mask skips the rest)
 /// come from the packed GEMM, the softmax is taken in place, and the block's output is one more
 /// GEMM. Only the log-sum-exp of each row is kept for backward, which recomputes the
@@ -26,12 +26,15 @@
 
 namespace xtrain::kernels {
 
-/// Query rows per block of causal attention.
-inline constexpr std::size_t attention_block = 64;
+/// Query rows per block of causal attention over T positions. A block's products run over the
+/// keys up to its last row, so smaller blocks skip more of the masked triangle (at T = 64, blocks
+/// of 32 compute 3/4 of the full product, one block all of it) but repack the keys once per
+/// block: 32 rows up to T = 256, 64 beyond (measured: benchmarks/RESULTS.md, "Attention blocks").
+constexpr std::size_t attention_block(std::size_t positions) noexcept { return positions <= 256 ? 32 : 64; }
 
 /// Floats of scratch causal_attention_forward needs for T positions (backward: twice this).
 constexpr std::size_t attention_scratch(std::size_t positions) noexcept {
-  return std::min(positions, attention_block) * positions;
+  return std::min(positions, attention_block(positions)) * positions;
 }
 
 namespace detail {
@@ -126,8 +129,9 @@ template <class S>
 void causal_attention_forward(std::size_t T, std::size_t d, float scale, const S* q, const S* k, const S* v,
                               std::size_t ld, float* out, std::size_t ldo, float* lse, float* scratch,
                               backend::Executor* executor = nullptr) {
-  for (std::size_t i0 = 0; i0 < T; i0 += attention_block) {
-    const std::size_t i1 = std::min(T, i0 + attention_block), rows = i1 - i0, keys = i1;
+  const std::size_t block = attention_block(T);
+  for (std::size_t i0 = 0; i0 < T; i0 += block) {
+    const std::size_t i1 = std::min(T, i0 + block), rows = i1 - i0, keys = i1;
     float* s = scratch;
     detail::attention_gemm<S>(Trans::no, Trans::yes, rows, keys, d, scale, q + i0 * ld, ld, k, ld, 0.0f, s, keys,
                               executor);
@@ -146,8 +150,8 @@ void causal_attention_forward(std::size_t T, std::size_t d, float scale, const S
   }
 }
 
-/// Backward of causal_attention_forward: dq = d(loss)/dq (written), dk and dv ADDED into (the
-/// caller zeroes them), all T rows of d floats at stride `ldg`. `out` and `lse` are forward's,
+/// Backward of causal_attention_forward: dq, dk, dv = d(loss)/dq, /dk, /dv (written), T rows of
+/// d floats at stride `ldg` each (the columns between them untouched). `out` and `lse` are forward's,
 /// `dout` the gradient of out (stride ldo). `scratch`: at least 2 * attention_scratch(T) floats.
 /// The probabilities are recomputed from q, k and lse. S: as forward's (dout stored as S too). The
 /// GEMMs pack in the calling thread's workspace of `executor`.
@@ -158,8 +162,15 @@ void causal_attention_backward(std::size_t T, std::size_t d, float scale, const 
                                backend::Executor* executor = nullptr) {
   float* p = scratch;
   float* dp = scratch + attention_scratch(T);
-  for (std::size_t i0 = 0; i0 < T; i0 += attention_block) {
-    const std::size_t i1 = std::min(T, i0 + attention_block), rows = i1 - i0, keys = i1;
+  const std::size_t block = attention_block(T);
+  for (std::size_t i0 = 0; i0 < T; i0 += block) {
+    const std::size_t i1 = std::min(T, i0 + block), rows = i1 - i0, keys = i1;
+    // Keys i0..i1 first receive gradient in this block, which adds into dk and dv: zeroed here,
+    // while in cache (the caller need not clear them).
+    for (std::size_t i = i0; i < i1; ++i) {
+      std::fill(dk + i * ldg, dk + i * ldg + d, 0.0f);
+      std::fill(dv + i * ldg, dv + i * ldg + d, 0.0f);
+    }
     detail::attention_gemm<S>(Trans::no, Trans::yes, rows, keys, d, scale, q + i0 * ld, ld, k, ld, 0.0f, p, keys,
                               executor);
     detail::attention_gemm<S>(Trans::no, Trans::yes, rows, keys, d, 1.0f, dout + i0 * ldo, ldo, v, ld, 0.0f, dp, keys,

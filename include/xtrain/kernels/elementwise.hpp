@@ -280,24 +280,35 @@ requires(!std::is_same_v<T, float>) void activation_backward(const T* saved, con
   }
 }
 
-/// out[j] (+)= sum over rows of x[r, j] (the bias gradient of a Linear layer), rows in order.
-/// Row r starts at x + r * ld (ld = 0: cols).
-template <class Arch = simd::default_arch>
-void column_sums(const float* x, std::size_t rows, std::size_t cols, float* out, bool accumulate,
+/// out[j] (+)= sum over rows of x[r, j] (the bias gradient of a Linear layer), rows in order, x
+/// stored as fp32, bf16 or fp16 (widened as it is read). Row r starts at x + r * ld (ld = 0:
+/// cols). The rows are read in order, along each row, into 8 registers of columns at a time.
+template <class Arch = simd::default_arch, class S>
+void column_sums(const S* x, std::size_t rows, std::size_t cols, float* out, bool accumulate,
                  std::size_t ld = 0) noexcept {
   if (ld == 0) ld = cols;
   using B = simd::batch<float, Arch>;
-  constexpr std::size_t w = B::size;
-  std::size_t j = 0;
-  for (; j + w <= cols; j += w) {
-    B acc = accumulate ? B::load_unaligned(out + j) : B(0.0f);
-    for (std::size_t r = 0; r < rows; ++r) acc += B::load_unaligned(x + r * ld + j);
-    acc.store_unaligned(out + j);
-  }
-  for (; j < cols; ++j) {
-    float acc = accumulate ? out[j] : 0.0f;
-    for (std::size_t r = 0; r < rows; ++r) acc += x[r * ld + j];
-    out[j] = acc;
+  constexpr std::size_t w = B::size, regs = 8;
+  alignas(64) float wide[regs * w];
+  for (std::size_t j = 0; j < cols; j += regs * w) {
+    const std::size_t width = std::min(regs * w, cols - j), full = width / w;
+    B acc[regs];
+    for (std::size_t q = 0; q < full; ++q) acc[q] = accumulate ? B::load_unaligned(out + j + q * w) : B(0.0f);
+    float tail[w] = {};
+    for (std::size_t i = full * w; i < width; ++i) tail[i - full * w] = accumulate ? out[j + i] : 0.0f;
+    for (std::size_t r = 0; r < rows; ++r) {
+      const float* row;
+      if constexpr (std::is_same_v<S, float>) {
+        row = x + r * ld + j;
+      } else {
+        to_float(x + r * ld + j, wide, width);
+        row = wide;
+      }
+      for (std::size_t q = 0; q < full; ++q) acc[q] += B::load_unaligned(row + q * w);
+      for (std::size_t i = full * w; i < width; ++i) tail[i - full * w] += row[i];
+    }
+    for (std::size_t q = 0; q < full; ++q) acc[q].store_unaligned(out + j + q * w);
+    for (std::size_t i = full * w; i < width; ++i) out[j + i] = tail[i - full * w];
   }
 }
 

@@ -109,8 +109,7 @@ class CausalSelfAttention {
       dqkv32_.resize({n * ld});
       g = dqkv32_.data();
     }
-    std::fill(g, g + n * ld, 0.0f);
-    // Each pair writes its own columns of its own rows of dqkv.
+    // Each pair writes its own columns of its own rows of dqkv (the heads' columns cover all of it).
     for_pairs(ctx, [&](std::size_t b, std::size_t h, float* work) {
       const std::size_t row0 = b * positions_;
       const S<T>* base = q + row0 * ld + h * d;

@@ -39,28 +39,33 @@ class LayerNorm {
   template <ActivationType T>
   const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
     check_last_dim(x, dim_, *this);
-    const std::size_t rows = x.rows(), n = rows * dim_;
+    const std::size_t rows = x.rows();
     Tensor<T>& y = y_.get<T>();
     y.resize(x.shape());
     mean_.resize({rows});
     rstd_.resize({rows});
     // Rows are independent: split over the context's threads (the same values on any count).
-    auto rows_of = [&](const float* in, float* out) {
-      backend::parallel_for(ctx.executor, rows, std::max<std::size_t>(1, (std::size_t{1} << 14) / dim_), 1,
-                            [&](std::size_t r0, std::size_t r1) {
-                              kernels::layer_norm_forward(in + r0 * dim_, r1 - r0, dim_, eps_, w(), b(),
-                                                          out + r0 * dim_, mean_.data() + r0, rstd_.data() + r0);
-                            });
-    };
-    if constexpr (std::is_same_v<T, float>) {
-      rows_of(x.data(), y.data());
-    } else {
-      x32_.resize({n});
-      y32_.resize({n});
-      kernels::to_float(x.data(), x32_.data(), n, ctx.executor);
-      rows_of(x32_.data(), y32_.data());
-      kernels::from_float(y32_.data(), y.data(), n, ctx.executor);
-    }
+    backend::parallel_for(ctx.executor, rows, std::max<std::size_t>(1, (std::size_t{1} << 14) / dim_), 1,
+                          [&](std::size_t r0, std::size_t r1) {
+                            if constexpr (std::is_same_v<T, float>) {
+                              kernels::layer_norm_forward(x.data() + r0 * dim_, r1 - r0, dim_, eps_, w(), b(),
+                                                          y.data() + r0 * dim_, mean_.data() + r0, rstd_.data() + r0);
+                            } else {
+                              // bf16/fp16: a few rows at a time widened into the thread's workspace, normalised, and
+                              // rounded back while they are in cache.
+                              const backend::WorkspaceFor ws(ctx.executor);
+                              const std::size_t chunk = chunk_rows();
+                              float* in = ws->get<float>(backend::Workspace::Slot::accumulate, 2 * chunk * dim_);
+                              float* out = in + chunk * dim_;
+                              for (std::size_t c0 = r0; c0 < r1; c0 += chunk) {
+                                const std::size_t m = std::min(chunk, r1 - c0) * dim_;
+                                kernels::to_float(x.data() + c0 * dim_, in, m);
+                                kernels::layer_norm_forward(in, m / dim_, dim_, eps_, w(), b(), out, mean_.data() + c0,
+                                                            rstd_.data() + c0);
+                                kernels::from_float(out, y.data() + c0 * dim_, m);
+                              }
+                            }
+                          });
     x_ = &x;
     type_ = activation_type_index<T>;
     return y;
@@ -75,7 +80,7 @@ class LayerNorm {
     const Tensor<T>& x = *static_cast<const Tensor<T>*>(x_);
     XTRAIN_CHECK(dy.shape() == x.shape(), ShapeError, describe(), ": gradient has shape ", dy.shape().str(),
                  ", expected ", x.shape().str());
-    const std::size_t rows = x.rows(), n = rows * dim_;
+    const std::size_t rows = x.rows();
     Tensor<T>& dx = dx_.get<T>();
     dx.resize(x.shape());
     float* dw = affine() ? weight_.grad() : nullptr;
@@ -83,12 +88,18 @@ class LayerNorm {
     if constexpr (std::is_same_v<T, float>) {
       kernels::layer_norm_backward(x.data(), dy.data(), rows, dim_, w(), mean_.data(), rstd_.data(), dx.data(), dw, db);
     } else {
-      y32_.resize({n});  // dy widened (the forward's fp32 output is not needed any more)
-      kernels::to_float(dy.data(), y32_.data(), n, ctx.executor);
-      dx32_.resize({n});
-      kernels::layer_norm_backward(x32_.data(), y32_.data(), rows, dim_, w(), mean_.data(), rstd_.data(), dx32_.data(),
-                                   dw, db);
-      kernels::from_float(dx32_.data(), dx.data(), n, ctx.executor);
+      // x and dy widened a few rows at a time (rows in order: dw and db sum as in fp32).
+      const backend::WorkspaceFor ws(ctx.executor);
+      const std::size_t chunk = chunk_rows();
+      float* x32 = ws->get<float>(backend::Workspace::Slot::accumulate, 2 * chunk * dim_);
+      float* d32 = x32 + chunk * dim_;
+      for (std::size_t c0 = 0; c0 < rows; c0 += chunk) {
+        const std::size_t m = std::min(chunk, rows - c0) * dim_;
+        kernels::to_float(x.data() + c0 * dim_, x32, m);
+        kernels::to_float(dy.data() + c0 * dim_, d32, m);
+        kernels::layer_norm_backward(x32, d32, m / dim_, dim_, w(), mean_.data() + c0, rstd_.data() + c0, d32, dw, db);
+        kernels::from_float(d32, dx.data() + c0 * dim_, m);
+      }
     }
     return dx;
   }
@@ -114,6 +125,8 @@ class LayerNorm {
 
  private:
   const float* w() const noexcept { return affine() ? weight_.data() : nullptr; }
+  // Rows widened at a time in bf16/fp16: about 8k floats (32 KiB) per buffer.
+  std::size_t chunk_rows() const noexcept { return std::max<std::size_t>(1, (std::size_t{1} << 13) / dim_); }
   const float* b() const noexcept { return affine() ? bias_.data() : nullptr; }
 
   std::size_t dim_;
@@ -121,7 +134,7 @@ class LayerNorm {
   Param weight_, bias_;
   const void* x_ = nullptr;
   int type_ = 0;
-  Tensor<float> mean_, rstd_, x32_, y32_, dx32_;  // x32_ .. dx32_: bf16/fp16 only
+  Tensor<float> mean_, rstd_;
   ActivationBuffers y_, dx_;
 };
 

@@ -72,20 +72,11 @@ class Linear {
                  dy.shape().str(), ", expected ", x.shape().with_back(out_).str());
     kernels::gemm_as<T>(kernels::Trans::yes, kernels::Trans::no, out_, in_, n, dy.data(), out_, x.data(), in_, 1.0f,
                         weight_.grad(), in_, ctx.executor);
-    const backend::WorkspaceFor ws(ctx.executor);
     if (has_bias()) {
-      const float* dy32 = nullptr;
-      if constexpr (std::is_same_v<T, float>) {
-        dy32 = dy.data();
-      } else {
-        float* w = ws->get<float>(backend::Workspace::Slot::accumulate, n * out_);
-        kernels::to_float(dy.data(), w, n * out_, ctx.executor);
-        dy32 = w;
-      }
       // Split over columns: each bias element sums its column in row order on one thread.
       backend::parallel_for(ctx.executor, out_, std::max<std::size_t>(64, (1u << 14) / std::max<std::size_t>(n, 1)),
                             [&](std::size_t c0, std::size_t c1) {
-                              kernels::column_sums(dy32 + c0, n, c1 - c0, bias_.grad() + c0, true, out_);
+                              kernels::column_sums(dy.data() + c0, n, c1 - c0, bias_.grad() + c0, true, out_);
                             });
     }
     Tensor<T>& dx = dx_.get<T>();
@@ -94,6 +85,7 @@ class Linear {
       return dx;
     }
     dx.resize(x.shape());
+    const backend::WorkspaceFor ws(ctx.executor);
     kernels::gemm_into<T>(kernels::Trans::no, kernels::Trans::no, n, in_, out_, dy.data(), out_, weight_.data(), in_,
                           dx.data(), *ws, ctx.executor);
     return dx;

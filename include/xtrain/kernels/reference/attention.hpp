@@ -33,7 +33,7 @@ inline void causal_attention_forward(std::size_t T, std::size_t d, float scale, 
   }
 }
 
-/// As kernels::causal_attention_backward: dq written, dk and dv added into.
+/// As kernels::causal_attention_backward: dq, dk, dv written.
 inline void causal_attention_backward(std::size_t T, std::size_t d, float scale, const float* q, const float* k,
                                       const float* v, std::size_t ld, const float* dout, std::size_t ldo, float* dq,
                                       float* dk, float* dv, std::size_t ldg) {
@@ -69,8 +69,8 @@ inline void causal_attention_backward(std::size_t T, std::size_t d, float scale,
         gv += p[r * T + i] * dout[r * ldo + c];
       }
       dq[i * ldg + c] = static_cast<float>(gq);
-      dk[i * ldg + c] += static_cast<float>(gk);
-      dv[i * ldg + c] += static_cast<float>(gv);
+      dk[i * ldg + c] = static_cast<float>(gk);
+      dv[i * ldg + c] = static_cast<float>(gv);
     }
 }
 
