@@ -55,6 +55,15 @@ struct PolicyOf<float> {
 
 // C[M, N] = A[M, K] W[N, K]^T: A stored as T, W in fp32 (Linear's forward).
 template <class T>
+void linear_forward_gemm(std::size_t M, std::size_t N, std::size_t K, const T* A, const float* W, float* C,
+                         xtrain::backend::Executor& e) {
+  if constexpr (std::is_same_v<T, float>)
+    xtrain::kernels::gemm(Trans::no, Trans::yes, M, N, K, 1.0f, A, K, W, K, 0.0f, C, N, &e);
+  else
+    xtrain::kernels::gemm_lowp<T>(Trans::no, Trans::yes, M, N, K, 1.0f, A, K, W, K, 0.0f, C, N, &e);
+}
+
+template <class T>
 void BM_Gemm(benchmark::State& state) {
   const auto M = static_cast<std::size_t>(state.range(0)), N = static_cast<std::size_t>(state.range(1)),
              K = static_cast<std::size_t>(state.range(2));
@@ -63,11 +72,7 @@ void BM_Gemm(benchmark::State& state) {
   std::vector<float> C(M * N);
   xtrain::backend::Serial serial;  // one thread, its workspace reused across calls
   for (auto _ : state) {
-    if constexpr (std::is_same_v<T, float>)
-      xtrain::kernels::gemm(Trans::no, Trans::yes, M, N, K, 1.0f, A.data(), K, W.data(), K, 0.0f, C.data(), N, &serial);
-    else
-      xtrain::kernels::gemm_lowp<T>(Trans::no, Trans::yes, M, N, K, 1.0f, A.data(), K, W.data(), K, 0.0f, C.data(), N,
-                                    &serial);
+    linear_forward_gemm(M, N, K, A.data(), W.data(), C.data(), serial);
     benchmark::DoNotOptimize(C.data());
     benchmark::ClobberMemory();
   }
@@ -90,11 +95,7 @@ void BM_GemmColdOutput(benchmark::State& state) {
   std::size_t i = 0;
   for (auto _ : state) {
     float* c = C.data() + (i++ % copies) * M * N;
-    if constexpr (std::is_same_v<T, float>)
-      xtrain::kernels::gemm(Trans::no, Trans::yes, M, N, K, 1.0f, A.data(), K, W.data(), K, 0.0f, c, N, &serial);
-    else
-      xtrain::kernels::gemm_lowp<T>(Trans::no, Trans::yes, M, N, K, 1.0f, A.data(), K, W.data(), K, 0.0f, c, N,
-                                    &serial);
+    linear_forward_gemm(M, N, K, A.data(), W.data(), c, serial);
     benchmark::DoNotOptimize(c);
     benchmark::ClobberMemory();
   }

@@ -29,7 +29,7 @@ namespace xtrain::kernels {
 /// Query rows per block of causal attention over T positions. A block's products run over the
 /// keys up to its last row, so smaller blocks skip more of the masked triangle (at T = 64, blocks
 /// of 32 compute 3/4 of the full product, one block all of it) but repack the keys once per
-/// block: 32 rows up to T = 256, 64 beyond (measured: benchmarks/RESULTS.md, "Attention blocks").
+/// block: 32 rows up to T = 256, 64 beyond (benchmarks/RESULTS.md, "... attention blocks of 32").
 constexpr std::size_t attention_block(std::size_t positions) noexcept { return positions <= 256 ? 32 : 64; }
 
 /// Floats of scratch causal_attention_forward needs for T positions (backward: twice this).

@@ -166,8 +166,8 @@ void pack_a(Trans ta, const S* A, std::size_t lda, std::size_t i0, std::size_t m
 /// Requests the lines of a register tile of C (rows x cols elements, cols <= 32) for writing, before the
 /// products that fill it: a layer's output is usually not in cache (the step's activations
 /// outgrow it), and the tile's stores at the end would each wait for their line. With the misses
-/// overlapping the products, products of 768 x 512 x 128 into cold memory ran at 101 GFLOP/s
-/// instead of 83 (benchmarks/RESULTS.md, "Prefetching C").
+/// overlapping the products, products of 768 x 512 x 128 into cold memory ran at 94-96 GFLOP/s
+/// instead of 67-72 (benchmarks/RESULTS.md, "Prefetching C, ...").
 template <class E>
 inline void prefetch_tile(const E* c, std::size_t ldc, std::size_t rows, std::size_t cols) noexcept {
   // In asm: GCC deletes a loop of __builtin_prefetch as a loop without effects.
