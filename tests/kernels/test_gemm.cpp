@@ -93,8 +93,9 @@ void check_gemm_bias(std::size_t M, std::size_t N, std::size_t K, Trans ta, Tran
 
 template <class Arch>
 void gemm_bias_suite() {
-  const std::array<std::size_t, 3> sizes[] = {{37, 45, 300}, {37, 10, 40},  {37, 70, 100}, {5, 70, 600},
-                                              {31, 45, 70},  {33, 65, 600}, {1, 1, 1},     {20, 20, 0}};
+  // ... and N past a packed block of columns (2048): the bias follows the block.
+  const std::array<std::size_t, 3> sizes[] = {{37, 45, 300}, {37, 10, 40}, {37, 70, 100}, {5, 70, 600}, {31, 45, 70},
+                                              {33, 65, 600}, {1, 1, 1},    {20, 20, 0},   {3, 2100, 5}};
   for (auto [M, N, K] : sizes)
     for (Trans ta : {Trans::no, Trans::yes})
       for (Trans tb : {Trans::no, Trans::yes}) check_gemm_bias<Arch>(M, N, K, ta, tb);

@@ -90,7 +90,9 @@ TEST_CASE("low-precision GEMM's bias equals the bias written first and beta = 1,
   const auto run = [](auto tag, auto arch) {
     using T = decltype(tag);
     using Arch = decltype(arch);
-    for (auto [M, N, K] : {std::array<std::size_t, 3>{37, 45, 300}, {37, 70, 100}, {33, 65, 1100}, {20, 20, 0}})
+    // {3, 1100, 5}: N past a packed block of columns (1024 in bf16).
+    for (auto [M, N, K] :
+         {std::array<std::size_t, 3>{37, 45, 300}, {37, 70, 100}, {33, 65, 1100}, {20, 20, 0}, {3, 1100, 5}})
       for (Trans ta : {Trans::no, Trans::yes})
         for (Trans tb : {Trans::no, Trans::yes}) {
           const std::size_t lda = ta == Trans::no ? K : M, ldb = tb == Trans::no ? N : K, ldc = N + 1;
@@ -107,6 +109,14 @@ TEST_CASE("low-precision GEMM's bias equals the bias written first and beta = 1,
                        << " tb=" << (tb == Trans::yes));
           for (std::size_t i = 0; i < M; ++i)
             for (std::size_t j = 0; j < N; ++j) REQUIRE(fused[i * ldc + j] == two_pass[i * ldc + j]);
+          // Any alpha and beta: the reference plus the bias.
+          auto C = random_vector(M * ldc, 24), ref = C;
+          kernels::gemm_lowp<T, Arch>(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 0.25f, C.data(), ldc,
+                                      nullptr, bias.data());
+          kernels::reference::gemm_lowp<T>(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 0.25f, ref.data(), ldc);
+          const float tol = 2e-6f * static_cast<float>(K + 4);
+          for (std::size_t i = 0; i < M; ++i)
+            for (std::size_t j = 0; j < N; ++j) REQUIRE(std::abs(C[i * ldc + j] - (ref[i * ldc + j] + bias[j])) <= tol);
         }
   };
   run(bf16{}, simd::default_arch{});

@@ -25,7 +25,7 @@ class Workspace {
     pack_a,      ///< an fp32 GEMM's packed block of op(A)
     words_b,     ///< a bf16 GEMM's packed block of op(B) (pairs of bf16 as 32-bit words)
     words_a,     ///< a bf16 GEMM's packed block of op(A)
-    accumulate,  ///< fp32 accumulator of a low-precision layer's GEMM (Linear)
+    accumulate,  ///< fp32 accumulator of a low-precision product (kernels::gemm_into), or LayerNorm's widened rows
     planes,      ///< a direct convolution's framed fp32 planes (kernels/conv_direct.hpp)
     count
   };

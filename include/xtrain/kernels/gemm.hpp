@@ -479,7 +479,9 @@ void split_gemm(backend::Executor* e, std::size_t M, std::size_t N, std::size_t 
 
 /// C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C (row-major; op(X) = X or X^T), plus
 /// bias[j] on column j of every row when `bias` (N floats) is not null: a Linear layer's
-/// y = x W^T + b in one pass over y, each element rounded as fl(fl(x W^T) + b).
+/// y = x W^T + b in one pass over y. The bias is added where beta's term is, with the first
+/// block of K (one fma(alpha, sum, bias) as that block's tile is stored), so the bits are those of
+/// the bias written into C first and the product added with beta = 1.
 /// Requires: lda/ldb/ldc are the row strides of A, B, C as stored. beta == 0 ignores C's contents
 /// (NaN in C does not propagate), as BLAS does. With an executor of several threads, a large
 /// product is split over them (detail::split_gemm), with bitwise the same result. The packed
