@@ -75,7 +75,7 @@ void check_gemm_bias(std::size_t M, std::size_t N, std::size_t K, Trans ta, Tran
   const auto B = random_vector((tb == Trans::no ? K : N) * ldb, 12);
   const auto bias = random_vector(N, 13);
   std::vector<float> fused(M * ldc, std::numeric_limits<float>::quiet_NaN()), two_pass(M * ldc, 0.0f);
-  for (std::size_t i = 0; i < M; ++i) std::copy(bias.begin(), bias.end(), two_pass.begin() + i * ldc);
+  for (std::size_t i = 0; i < M; ++i) std::copy(bias.begin(), bias.end(), two_pass.data() + i * ldc);
   kernels::gemm<Arch>(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, fused.data(), ldc, nullptr,
                       bias.data());
   kernels::gemm<Arch>(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 1.0f, two_pass.data(), ldc);

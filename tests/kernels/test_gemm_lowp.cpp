@@ -101,7 +101,7 @@ TEST_CASE("low-precision GEMM's bias equals the bias written first and beta = 1,
           for (std::size_t i = 0; i < A.size(); ++i) A[i] = kernels::narrow<T>(a32[i]);
           const auto B = random_vector((tb == Trans::no ? K : N) * ldb, 22), bias = random_vector(N, 23);
           std::vector<float> fused(M * ldc, std::numeric_limits<float>::quiet_NaN()), two_pass(M * ldc, 0.0f);
-          for (std::size_t i = 0; i < M; ++i) std::copy(bias.begin(), bias.end(), two_pass.begin() + i * ldc);
+          for (std::size_t i = 0; i < M; ++i) std::copy(bias.begin(), bias.end(), two_pass.data() + i * ldc);
           kernels::gemm_lowp<T, Arch>(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, fused.data(), ldc,
                                       nullptr, bias.data());
           kernels::gemm_lowp<T, Arch>(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 1.0f, two_pass.data(), ldc);
