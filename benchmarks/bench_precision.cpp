@@ -196,14 +196,15 @@ void conv_algorithm_shapes(benchmark::internal::Benchmark* b) {
 // Causal attention forward + backward (kernels/attention.hpp) over B x H heads of T positions and
 // head dimension d, q/k/v in the fused projection's layout ([B, T, 3 H d]) and the output's
 // gradient stored as S: fp32 (the layer's fp32 and, widened, fp16) or bf16 (its bf16: products in
-// bf16 read in place).
+// fp32 register tiles on values widened per head, or in bf16 read in place where the kernel does
+// not work in tiles, see kernels::attention_in_tiles).
 template <class S>
 void BM_CausalAttention(benchmark::State& state) {
   const auto B = static_cast<std::size_t>(state.range(0)), T = static_cast<std::size_t>(state.range(1)),
              H = static_cast<std::size_t>(state.range(2)), d = static_cast<std::size_t>(state.range(3));
   const std::size_t C = H * d, ld = 3 * C;
   const auto qkv = random_values<S>(B * T * ld, 1.0f, 7), dout = random_values<S>(B * T * C, 0.01f, 8);
-  std::vector<float> out(B * T * C), lse(B * H * T), g(B * T * ld), scratch(2 * xtrain::kernels::attention_scratch(T));
+  std::vector<float> out(B * T * C), lse(B * H * T), g(B * T * ld), scratch(xtrain::kernels::attention_scratch(T, d));
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   xtrain::backend::Serial serial;  // one thread, its workspace reused across calls
   for (auto _ : state) {

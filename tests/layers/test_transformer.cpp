@@ -147,7 +147,7 @@ TEST_CASE("Causal attention kernel matches its scalar twin across its block of r
     const Matrix dout = random_tensor({T, ldo}, 50 + T);
     const float scale = 0.7f;
     std::vector<float> out(T * ldo, 0.0f), lse(T), ref_out(T * ldo, 0.0f), ref_lse(T);
-    std::vector<float> scratch(2 * kernels::attention_scratch(T));
+    std::vector<float> scratch(kernels::attention_scratch(T, d));
     const float* q = qkv.data();
     kernels::causal_attention_forward(T, d, scale, q, q + d, q + 2 * d, ld, out.data(), ldo, lse.data(),
                                       scratch.data());
@@ -189,7 +189,7 @@ TEST_CASE("Causal attention kernel in bf16 is the twin's on the bf16 values, to 
     as_bf16(random_tensor({T, ldo}, 70 + T), dout, dout_w);
     const float scale = 1.3f;  // sharper than uniform
     Matrix out({T, ldo}), lse({T}), ref_out({T, ldo}), ref_lse({T});
-    std::vector<float> scratch(2 * kernels::attention_scratch(T));
+    std::vector<float> scratch(kernels::attention_scratch(T, d));
     const bf16* q = qkv.data();
     kernels::causal_attention_forward(T, d, scale, q, q + d, q + 2 * d, ld, out.data(), ldo, lse.data(),
                                       scratch.data());
@@ -220,13 +220,95 @@ TEST_CASE("Causal attention kernel in bf16 is the twin's on the bf16 values, to 
   }
 }
 
-TEST_CASE("Causal attention: a NaN score makes its row NaN, in fp32 and bf16", "[transformer][kernels]") {
-  const std::size_t T = 20, d = 4, ld = 3 * d;
+TEST_CASE("Causal attention in register tiles matches its scalar twin, in fp32 and bf16", "[transformer][kernels]") {
+  // Heads of 32 and 64 take the tiled path in fp32 on every x86-64 target (tiles of 8, 16 or 32
+  // columns); T across a tile of rows, a block, the 192 past which bf16 goes back to bf16
+  // products (where they are native), and a row stride that is a multiple of 1 KiB (the padded
+  // scores).
+  REQUIRE(kernels::attention_in_tiles<bf16>(64, 32));  // the char GPT example's heads
+  for (const auto& shape : std::vector<std::pair<std::size_t, std::size_t>>{
+           {1, 32}, {5, 32}, {31, 64}, {33, 32}, {64, 32}, {100, 64}, {256, 32}, {300, 32}}) {
+    const std::size_t T = shape.first, d = shape.second;  // named: clang 14's lambdas cannot capture bindings
+    INFO("T " << T << ", d " << d);
+    REQUIRE(kernels::attention_in_tiles<float>(T, d));
+    const std::size_t ld = 3 * d + 16, ldo = d + 32;
+    const Matrix qkv = random_tensor({T, ld}, 80 + T), dout = random_tensor({T, ldo}, 90 + T);
+    std::vector<bf16> qkv16(qkv.size()), dout16(dout.size());
+    kernels::from_float(qkv.data(), qkv16.data(), qkv.size());
+    kernels::from_float(dout.data(), dout16.data(), dout.size());
+    Matrix qkv_w(qkv.shape()), dout_w(dout.shape());
+    kernels::to_float(qkv16.data(), qkv_w.data(), qkv.size());
+    kernels::to_float(dout16.data(), dout_w.data(), dout.size());
+    const float scale = 0.9f;
+    std::vector<float> scratch(kernels::attention_scratch(T, d));
+    for (const bool low : {false, true}) {
+      INFO((low ? "bf16" : "fp32"));
+      const float* qr = low ? qkv_w.data() : qkv.data();
+      const float* dr = low ? dout_w.data() : dout.data();
+      Matrix ref_out({T, ldo}), ref_lse({T}), ref_g({T, ld});
+      kernels::reference::causal_attention_forward(T, d, scale, qr, qr + d, qr + 2 * d, ld, ref_out.data(), ldo,
+                                                   ref_lse.data());
+      kernels::reference::causal_attention_backward(T, d, scale, qr, qr + d, qr + 2 * d, ld, dr, ldo, ref_g.data(),
+                                                    ref_g.data() + d, ref_g.data() + 2 * d, ld);
+      // Written over NaN; the columns between out's rows and between dq, dk, dv's left alone.
+      Matrix out({T, ldo}), lse({T}), g({T, ld});
+      std::fill(out.data(), out.data() + out.size(), std::numeric_limits<float>::quiet_NaN());
+      std::fill(g.data(), g.data() + g.size(), std::numeric_limits<float>::quiet_NaN());
+      for (std::size_t i = 0; i < T; ++i) {
+        std::fill(out.data() + i * ldo + d, out.data() + (i + 1) * ldo, 3.0f);
+        std::fill(g.data() + i * ld + 3 * d, g.data() + (i + 1) * ld, 3.0f);
+      }
+      if (low) {
+        const bf16* q = qkv16.data();
+        kernels::causal_attention_forward(T, d, scale, q, q + d, q + 2 * d, ld, out.data(), ldo, lse.data(),
+                                          scratch.data());
+        kernels::causal_attention_backward(T, d, scale, q, q + d, q + 2 * d, ld, out.data(), dout16.data(), ldo,
+                                           lse.data(), g.data(), g.data() + d, g.data() + 2 * d, ld, scratch.data());
+      } else {
+        const float* q = qkv.data();
+        kernels::causal_attention_forward(T, d, scale, q, q + d, q + 2 * d, ld, out.data(), ldo, lse.data(),
+                                          scratch.data());
+        kernels::causal_attention_backward(T, d, scale, q, q + d, q + 2 * d, ld, out.data(), dout.data(), ldo,
+                                           lse.data(), g.data(), g.data() + d, g.data() + 2 * d, ld, scratch.data());
+      }
+      // bf16 outside the tiles rounds P and dS to bf16 in its products (the packed path).
+      const float tol = low && !kernels::attention_in_tiles<bf16>(T, d) ? 2e-2f : 1e-5f;
+      for (std::size_t i = 0; i < T; ++i) {
+        REQUIRE(lse.data()[i] == Approx(ref_lse.data()[i]).margin(1e-5));
+        for (std::size_t c = d; c < ldo; ++c) REQUIRE(out.data()[i * ldo + c] == 3.0f);
+        for (std::size_t c = 3 * d; c < ld; ++c) REQUIRE(g.data()[i * ld + c] == 3.0f);
+      }
+      // T rows of d columns from column c0 of m (row stride ldm).
+      const auto part = [&](const Matrix& m, std::size_t ldm, std::size_t c0) {
+        Matrix r({T, d});
+        for (std::size_t i = 0; i < T; ++i) std::copy_n(m.data() + i * ldm + c0, d, r.data() + i * d);
+        return r;
+      };
+      const auto close = [&](const char* name, const Matrix& ours, const Matrix& expected, float t) {
+        require_close(name, std::span<const float>(ours.data(), ours.size()), expected, t);
+      };
+      close("out", part(out, ldo, 0), part(ref_out, ldo, 0), tol);
+      if (T == 1) {  // one key: the softmax is constant, dq and dk zero up to rounding
+        for (std::size_t c = 0; c < 2 * d; ++c) REQUIRE(std::abs(g.data()[c]) <= 1e-6f);
+      } else {
+        close("dq", part(g, ld, 0), part(ref_g, ld, 0), 10 * tol);
+        close("dk", part(g, ld, d), part(ref_g, ld, d), 10 * tol);
+      }
+      close("dv", part(g, ld, 2 * d), part(ref_g, ld, 2 * d), 10 * tol);
+    }
+  }
+}
+
+namespace {
+// Row 17 of q is NaN: that row of the output is NaN, and no other.
+void nan_row_stays_in_its_row(std::size_t d) {
+  INFO("d " << d);
+  const std::size_t T = 20, ld = 3 * d;
   Matrix qkv = random_tensor({T, ld}, 9);
   qkv.data()[17 * ld] = std::numeric_limits<float>::quiet_NaN();  // q of row 17: a row past one register
   std::vector<bf16> qkv16(qkv.size());
   kernels::from_float(qkv.data(), qkv16.data(), qkv.size());
-  std::vector<float> scratch(2 * kernels::attention_scratch(T));
+  std::vector<float> scratch(kernels::attention_scratch(T, d));
   auto check = [&](const Matrix& out) {
     for (std::size_t i = 0; i < T; ++i)
       for (std::size_t c = 0; c < d; ++c) {
@@ -241,6 +323,12 @@ TEST_CASE("Causal attention: a NaN score makes its row NaN, in fp32 and bf16", "
   kernels::causal_attention_forward(T, d, 0.5f, qkv16.data(), qkv16.data() + d, qkv16.data() + 2 * d, ld, out.data(), d,
                                     lse.data(), scratch.data());
   check(out);
+}
+}  // namespace
+
+TEST_CASE("Causal attention: a NaN score makes its row NaN, in fp32 and bf16", "[transformer][kernels]") {
+  for (const std::size_t d : {std::size_t{4}, std::size_t{32}})  // the packed GEMM, and register tiles
+    nan_row_stays_in_its_row(d);
 }
 
 TEST_CASE("gradcheck: LayerNorm, CausalSelfAttention, the transformer block", "[transformer][gradcheck]") {

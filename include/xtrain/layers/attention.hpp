@@ -5,13 +5,15 @@
 /// output); each head h attends with softmax(q_h k_h^T / sqrt(C / heads)) over the positions up
 /// to its own, and `proj` = Linear(C, C) maps the heads' outputs back. Parameter names as a
 /// PyTorch module with members `qkv` and `proj`. The softmax, its statistics and the attention's
-/// sums run in fp32 whatever the activation type. In bf16, in a build with AVX512_BF16
-/// (kernels::native_lowp_gemm<bf16>), the attention's products read q, k, v and the output's
-/// gradient in bf16 where the projections left them (vdpbf16ps, fp32 accumulation; the
-/// probabilities and their gradients rounded to bf16 as they enter a product, as in bf16 flash
-/// attention). Otherwise (fp16, or bf16 without the instruction, where bf16 products would only
-/// be emulated) they run in fp32 on widened copies; fp16's range is also too narrow for the
-/// probabilities' gradients. Only the log-sum-exp of each row is kept for backward (the
+/// sums run in fp32 whatever the activation type. With a head dimension that is a multiple of a
+/// register tile's width (32 with AVX-512; kernels::attention_in_tiles), the attention's products
+/// run in fp32 on the projections' output, bf16 widened once per head (fp32 at any T; bf16 with
+/// heads of 32 up to T = 192, where this is faster than bf16 products). Otherwise in bf16, in a build with
+/// AVX512_BF16 (kernels::native_lowp_gemm<bf16>), they read q, k, v and the output's gradient in
+/// bf16 where the projections left them (vdpbf16ps, fp32 accumulation; the probabilities and their
+/// gradients rounded to bf16 as they enter a product, as in bf16 flash attention); and in fp16, or
+/// bf16 without the instruction, in fp32 on widened copies (fp16's range is also too narrow for
+/// the probabilities' gradients). Only the log-sum-exp of each row is kept for backward (the
 /// probabilities are recomputed), so what backward keeps grows as T, not T^2, per head.
 
 #include <algorithm>
@@ -61,7 +63,11 @@ class CausalSelfAttention {
     }
     const std::size_t d = embd_ / heads_, ld = 3 * embd_;
     // (sequence, head) pairs are independent: split over the threads, each with its scratch.
-    for_pairs(ctx, [&](std::size_t b, std::size_t h, float* work) {
+    const auto fetch = [&](std::size_t b, std::size_t h) {
+      const S<T>* base = q + b * positions_ * ld + h * d;
+      for (std::size_t part = 0; part < 3; ++part) kernels::prefetch_rows(base + part * embd_, ld, positions_, d);
+    };
+    for_pairs(ctx, fetch, [&](std::size_t b, std::size_t h, float* work) {
       const S<T>* base = q + b * positions_ * ld + h * d;
       kernels::causal_attention_forward(positions_, d, scale(), base, base + embd_, base + 2 * embd_, ld,
                                         out + b * positions_ * embd_ + h * d, embd_,
@@ -110,7 +116,14 @@ class CausalSelfAttention {
       g = dqkv32_.data();
     }
     // Each pair writes its own columns of its own rows of dqkv (the heads' columns cover all of it).
-    for_pairs(ctx, [&](std::size_t b, std::size_t h, float* work) {
+    const auto fetch = [&](std::size_t b, std::size_t h) {
+      const std::size_t row0 = b * positions_;
+      const S<T>* base = q + row0 * ld + h * d;
+      for (std::size_t part = 0; part < 3; ++part) kernels::prefetch_rows(base + part * embd_, ld, positions_, d);
+      kernels::prefetch_rows(out + row0 * embd_ + h * d, embd_, positions_, d);
+      kernels::prefetch_rows(dout + row0 * embd_ + h * d, embd_, positions_, d);
+    };
+    for_pairs(ctx, fetch, [&](std::size_t b, std::size_t h, float* work) {
       const std::size_t row0 = b * positions_;
       const S<T>* base = q + row0 * ld + h * d;
       float* gbase = g + row0 * ld + h * d;
@@ -146,17 +159,22 @@ class CausalSelfAttention {
 
   // f(b, h, scratch) for every (sequence, head) pair, split over the context's threads, each
   // thread with scratch of its own. Pairs are independent (each writes its own rows and columns),
-  // so the result is the same on any number of threads.
-  template <class F>
-  void for_pairs(Context& ctx, F&& f) {
-    const std::size_t scratch = 2 * kernels::attention_scratch(positions_);
+  // so the result is the same on any number of threads. fetch(b, h) asks for the next pair's
+  // operands before a pair computes: they are rows of 64 or 128 bytes at a stride of kilobytes,
+  // which the hardware prefetchers do not follow, and the step's activations have left the cache.
+  template <class Fetch, class F>
+  void for_pairs(Context& ctx, Fetch&& fetch, F&& f) {
+    const std::size_t scratch = kernels::attention_scratch(positions_, embd_ / heads_);
     const std::size_t grain =
         std::max<std::size_t>(1, (std::size_t{1} << 16) / (positions_ * positions_ * embd_ / heads_ + 1));
     scratch_.resize({scratch * backend::threads_of(ctx.executor)});
     backend::parallel_for(ctx.executor, batch_ * heads_, grain, 1,
                           [&](std::size_t p0, std::size_t p1, std::size_t part) {
-                            for (std::size_t p = p0; p < p1; ++p)
+                            if (p0 < p1) fetch(p0 / heads_, p0 % heads_);
+                            for (std::size_t p = p0; p < p1; ++p) {
+                              if (p + 1 < p1) fetch((p + 1) / heads_, (p + 1) % heads_);
                               f(p / heads_, p % heads_, scratch_.data() + part * scratch);
+                            }
                           });
   }
 
