@@ -300,6 +300,51 @@ TEST_CASE("Causal attention in register tiles matches its scalar twin, in fp32 a
 }
 
 namespace {
+// The tiled kernels of architecture Arch (tiles of 6 x 8 with SSE2, 6 x 16 with AVX2: key tiles
+// across a block's start, and past the scores' row stride) against the twin, in fp32, from a
+// scratch full of NaN.
+template <class Arch>
+void tiles_of_arch_match_twin(std::size_t T, std::size_t d) {
+  INFO(Arch::name() << ", T " << T << ", d " << d);
+  REQUIRE(kernels::attention_in_tiles<float, Arch>(T, d));
+  const std::size_t ld = 3 * d + 8, ldo = d + 8;
+  const Matrix qkv = random_tensor({T, ld}, 20 + T), dout = random_tensor({T, ldo}, 30 + T);
+  std::vector<float> scratch(kernels::attention_scratch<Arch>(T, d), std::numeric_limits<float>::quiet_NaN());
+  Matrix out({T, ldo}), lse({T}), g({T, ld}), ref_out({T, ldo}), ref_lse({T}), ref_g({T, ld});
+  const float* q = qkv.data();
+  kernels::detail::attention_forward_tiles<float, Arch>(T, d, 0.8f, q, q + d, q + 2 * d, ld, out.data(), ldo,
+                                                        lse.data(), scratch.data());
+  kernels::detail::attention_backward_tiles<float, Arch>(T, d, 0.8f, q, q + d, q + 2 * d, ld, out.data(), dout.data(),
+                                                         ldo, lse.data(), g.data(), g.data() + d, g.data() + 2 * d, ld,
+                                                         scratch.data());
+  kernels::reference::causal_attention_forward(T, d, 0.8f, q, q + d, q + 2 * d, ld, ref_out.data(), ldo,
+                                               ref_lse.data());
+  kernels::reference::causal_attention_backward(T, d, 0.8f, q, q + d, q + 2 * d, ld, dout.data(), ldo, ref_g.data(),
+                                                ref_g.data() + d, ref_g.data() + 2 * d, ld);
+  for (std::size_t i = 0; i < T; ++i) {
+    REQUIRE(lse.data()[i] == Approx(ref_lse.data()[i]).margin(1e-5));
+    for (std::size_t c = 0; c < d; ++c)
+      REQUIRE(out.data()[i * ldo + c] == Approx(ref_out.data()[i * ldo + c]).margin(1e-5));
+    for (std::size_t c = 0; c < 3 * d; ++c)
+      REQUIRE(g.data()[i * ld + c] == Approx(ref_g.data()[i * ld + c]).margin(1e-4));
+  }
+}
+}  // namespace
+
+TEST_CASE("Causal attention's tiles of 6 rows (SSE2, AVX2) match the twin", "[transformer][kernels]") {
+  for (const std::size_t T : {std::size_t{7}, std::size_t{13}, std::size_t{32}, std::size_t{33}, std::size_t{70}}) {
+#if defined(__x86_64__)
+    tiles_of_arch_match_twin<xsimd::sse2>(T, 8);
+    tiles_of_arch_match_twin<xsimd::sse2>(T, 16);
+#endif
+#if defined(__AVX2__)
+    tiles_of_arch_match_twin<xsimd::avx2>(T, 16);
+    tiles_of_arch_match_twin<xsimd::avx2>(T, 32);
+#endif
+  }
+}
+
+namespace {
 // Row 17 of q is NaN: that row of the output is NaN, and no other.
 void nan_row_stays_in_its_row(std::size_t d) {
   INFO("d " << d);

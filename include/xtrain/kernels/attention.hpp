@@ -6,12 +6,13 @@
 /// attention does): memory for backward grows as T per head, the scratch as T once. The softmax
 /// and every sum run in fp32. A NaN or +Inf score makes its row NaN, as the definition does.
 /// Two ways to the products, chosen by attention_in_tiles<S>(T, d):
-/// - In tiles (head dim a multiple of a register tile's width, 32 with AVX-512; fp32 at any T,
-///   bf16 with heads of 32 up to T = 192): the products run in fp32 register tiles on operands read where they
-///   are (bf16 q, k, v, dout widened once per head), with k and v transposed once per head and
+/// - In tiles (head dim a multiple of a register tile's width, 32 with AVX-512; fp32 at any T;
+///   bf16 at any T where bf16 products are only emulated, else with heads of 32 up to T = 192):
+///   the products run in fp32 register tiles on operands read where they are (bf16 q, k, v,
+///   dout widened once per head), with k and v transposed once per head and
 ///   the block's probabilities read along their columns for dk and dv. A tile of rows stops at
 ///   the keys its last row sees, and the softmax works in whole registers with the last one
-///   masked. At 12 x 64 x 4 heads of 32 this ran 1.5-1.6x (fp32) and 1.1-1.3x (bf16) as fast as
+///   masked. At 12 x 64 x 4 heads of 32 this ran 1.4-1.6x (fp32) and 1.2x (bf16) as fast as
 ///   the packed GEMMs (benchmarks/RESULTS.md, "Attention in register tiles").
 /// - Otherwise through the packed GEMM: in fp32 (q, k, v, dout stored as fp32) or bf16 (stored as
 ///   bf16: products read them as bf16 with fp32 accumulation, and the probabilities and their
@@ -197,22 +198,23 @@ template <class Arch, class Extent>
 
 /// C[0:rows, 0:nr] = A^T B (+ C when Add) for A's element (r, k) at a[k * lda + r] (A stored transposed: the
 /// probabilities or score gradients of a block, read along their columns) and B's rows at stride
-/// ldb; rows <= mr, and a[k * lda + r] readable for r < mr (rows past `rows` are read, never stored).
+/// ldb; 1 <= rows <= mr (rows past `rows` re-read the last row, never stored).
 template <class Arch, bool Add>
 void tile_transposed_a(std::size_t kc, const float* __restrict a, std::size_t lda, const float* __restrict b,
                        std::size_t ldb, float* __restrict c, std::size_t ldc, std::size_t rows) noexcept {
   using shape = GemmShape<Arch>;
   using B = simd::batch<float, Arch>;
   constexpr std::size_t mr = shape::mr, w = shape::lanes;
+  const float* acol[mr];
+  for (std::size_t r = 0; r < mr; ++r) acol[r] = a + std::min(r, rows - 1);
   B acc0[mr], acc1[mr];
 #pragma GCC unroll 16
   for (std::size_t r = 0; r < mr; ++r) acc0[r] = acc1[r] = B(0.0f);
   for (std::size_t k = 0; k < kc; ++k) {
     const B b0 = B::load_unaligned(b + k * ldb), b1 = B::load_unaligned(b + k * ldb + w);
-    const float* ak = a + k * lda;
 #pragma GCC unroll 16
     for (std::size_t r = 0; r < mr; ++r) {
-      const B av(ak[r]);
+      const B av(acol[r][k * lda]);
       acc0[r] = xsimd::fma(av, b0, acc0[r]);
       acc1[r] = xsimd::fma(av, b1, acc1[r]);
     }

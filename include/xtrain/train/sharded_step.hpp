@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "xtrain/core/param_arena.hpp"
+#include "xtrain/optim/clip.hpp"
 
 namespace xtrain::sharding {
 
@@ -19,8 +20,7 @@ namespace xtrain::sharding {
 /// ranks' blocks is at most `max_norm` (one scalar allreduce). Returns the global norm.
 template <class Communicator>
 double clip_grad_norm(Communicator& comm, std::span<float> block, double max_norm) {
-  double sq = 0.0;
-  for (float g : block) sq += static_cast<double>(g) * g;
+  double sq = optim::sum_of_squares(block);
   comm.allreduce_sum(std::span<double>(&sq, 1), "gradient norm");
   const double norm = std::sqrt(sq), coef = max_norm / (norm + 1e-6);
   if (coef < 1.0)
