@@ -63,35 +63,18 @@ void linear_forward_gemm(std::size_t M, std::size_t N, std::size_t K, const T* A
     xtrain::kernels::gemm_lowp<T>(Trans::no, Trans::yes, M, N, K, 1.0f, A, K, W, K, 0.0f, C, N, &e);
 }
 
+// Linear's forward GEMM of state's M x N x K into one C, or (cold_output) into C rotating through
+// 96 MiB of buffers, touched once before the loop (no page faults in it).
 template <class T>
-void BM_Gemm(benchmark::State& state) {
+void gemm_loop(benchmark::State& state, bool cold_output) {
   const auto M = static_cast<std::size_t>(state.range(0)), N = static_cast<std::size_t>(state.range(1)),
              K = static_cast<std::size_t>(state.range(2));
   const auto A = random_values<T>(M * K, 1.0f, 1);
   const auto W = random_values<float>(N * K, 1.0f, 2);
-  std::vector<float> C(M * N);
+  const std::size_t copies =
+      cold_output ? std::max<std::size_t>(2, (std::size_t{96} << 20) / (sizeof(float) * M * N)) : 1;
+  std::vector<float> C(copies * M * N, 1.0f);
   xtrain::backend::Serial serial;  // one thread, its workspace reused across calls
-  for (auto _ : state) {
-    linear_forward_gemm(M, N, K, A.data(), W.data(), C.data(), serial);
-    benchmark::DoNotOptimize(C.data());
-    benchmark::ClobberMemory();
-  }
-  state.counters["GFLOPS"] =
-      benchmark::Counter(2e-9 * static_cast<double>(M * N * K), benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(xtrain::kernels::gemm_kernel_name<T>());
-}
-
-// BM_Gemm into memory that is not in cache, as a layer's output usually is: C rotates through
-// 96 MiB of buffers. The char GPT's 768 x 512 x 128 (an MLP's first Linear) and 768 x 128 x 512.
-template <class T>
-void BM_GemmColdOutput(benchmark::State& state) {
-  const auto M = static_cast<std::size_t>(state.range(0)), N = static_cast<std::size_t>(state.range(1)),
-             K = static_cast<std::size_t>(state.range(2));
-  const auto A = random_values<T>(M * K, 1.0f, 1);
-  const auto W = random_values<float>(N * K, 1.0f, 2);
-  const std::size_t copies = std::max<std::size_t>(2, (std::size_t{96} << 20) / (sizeof(float) * M * N));
-  std::vector<float> C(copies * M * N, 1.0f);  // touched once: no page faults in the loop
-  xtrain::backend::Serial serial;
   std::size_t i = 0;
   for (auto _ : state) {
     float* c = C.data() + (i++ % copies) * M * N;
@@ -102,6 +85,18 @@ void BM_GemmColdOutput(benchmark::State& state) {
   state.counters["GFLOPS"] =
       benchmark::Counter(2e-9 * static_cast<double>(M * N * K), benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(xtrain::kernels::gemm_kernel_name<T>());
+}
+
+template <class T>
+void BM_Gemm(benchmark::State& state) {
+  gemm_loop<T>(state, false);
+}
+
+// BM_Gemm into memory that is not in cache, as a layer's output usually is: C rotates through
+// 96 MiB of buffers. The char GPT's 768 x 512 x 128 (an MLP's first Linear) and 768 x 128 x 512.
+template <class T>
+void BM_GemmColdOutput(benchmark::State& state) {
+  gemm_loop<T>(state, true);
 }
 
 // Linear(in, out) forward + backward (dW, db and dx) at batch n.

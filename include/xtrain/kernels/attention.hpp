@@ -92,6 +92,17 @@ constexpr std::size_t attention_scratch(std::size_t positions, std::size_t head_
 }
 
 namespace detail {
+/// The largest lane of v (a NaN lane may or may not win; callers do not depend on which).
+template <class Arch>
+float horizontal_max(const simd::batch<float, Arch>& v) noexcept {
+#if defined(__AVX512F__)
+  if constexpr (simd::batch<float, Arch>::size == 16) return _mm512_reduce_max_ps(v);
+#endif
+  alignas(64) float lanes[simd::batch<float, Arch>::size];
+  v.store_aligned(lanes);
+  return *std::max_element(lanes, lanes + simd::batch<float, Arch>::size);
+}
+
 /// max of x[i] for i < n (n >= 1); which value a NaN yields does not matter to the callers (a NaN
 /// among x makes the row's exp NaN whatever the shift).
 template <class Arch = simd::default_arch>
@@ -103,9 +114,7 @@ float row_max(const float* x, std::size_t n) noexcept {
   if (n >= w) {
     B acc = B::load_unaligned(x);
     for (i = w; i + w <= n; i += w) acc = xsimd::max(acc, B::load_unaligned(x + i));
-    alignas(64) float lanes[w];
-    acc.store_aligned(lanes);
-    m = *std::max_element(lanes, lanes + w);
+    m = horizontal_max<Arch>(acc);
   }
   for (; i < n; ++i) m = std::max(m, x[i]);
   return m;
@@ -236,17 +245,6 @@ simd::batch<float, Arch> lane_index() noexcept {
   alignas(64) float idx[B::size];
   for (std::size_t i = 0; i < B::size; ++i) idx[i] = static_cast<float>(i);
   return B::load_aligned(idx);
-}
-
-/// The largest lane of v (a NaN lane may or may not win; callers do not depend on which).
-template <class Arch>
-float horizontal_max(const simd::batch<float, Arch>& v) noexcept {
-#if defined(__AVX512F__)
-  if constexpr (simd::batch<float, Arch>::size == 16) return _mm512_reduce_max_ps(v);
-#endif
-  alignas(64) float lanes[simd::batch<float, Arch>::size];
-  v.store_aligned(lanes);
-  return *std::max_element(lanes, lanes + simd::batch<float, Arch>::size);
 }
 
 /// row[i] = 0 for i in [from, to), both multiples of the lanes.
