@@ -414,75 +414,87 @@ TEST_CASE("GPT in bf16 and fp16 stays close to fp32", "[transformer][precision]"
 }
 
 TEST_CASE("LayerNorm in bf16 and fp16 is fp32's on the rounded values, rounded once", "[transformer][precision]") {
-  // 16-bit rows are widened a few at a time (8192 floats: 256 rows of 32): 600 rows span three
-  // chunks, so every offset and the chunk-by-chunk sums of the parameter gradients are checked.
-  nn::LayerNorm ln{32};
-  for (std::size_t j = 0; j < 32; ++j) {
-    ln.weight().values()[j] = 0.5f + static_cast<float>(j) / 32.0f;
-    ln.bias().values()[j] = static_cast<float>(j) / 64.0f - 0.25f;
+  // With AVX-512 16-bit rows are widened register by register (rows of 37: two registers and a
+  // masked tail); otherwise a few rows at a time (8192 floats: 600 rows of 32 span three chunks,
+  // so every offset and the chunk-by-chunk sums of the parameter gradients are checked).
+  for (const std::size_t dim : {std::size_t{32}, std::size_t{37}}) {
+    INFO("dim " << dim);
+    nn::LayerNorm ln{dim};
+    for (std::size_t j = 0; j < dim; ++j) {
+      ln.weight().values()[j] = 0.5f + static_cast<float>(j) / 32.0f;
+      ln.bias().values()[j] = static_cast<float>(j) / 64.0f - 0.25f;
+    }
+    const Matrix x = random_tensor({600, dim}, 8), dy = random_tensor({600, dim}, 9);
+    Context ctx;
+    auto take_grads = [&] {
+      std::vector<float> g(ln.weight().grads().begin(), ln.weight().grads().end());
+      g.insert(g.end(), ln.bias().grads().begin(), ln.bias().grads().end());
+      std::fill(ln.weight().grads().begin(), ln.weight().grads().end(), 0.0f);
+      std::fill(ln.bias().grads().begin(), ln.bias().grads().end(), 0.0f);
+      return g;
+    };
+    auto run = [&]<class T>() {
+      Tensor<T> x16(x.shape()), dy16(dy.shape());
+      kernels::from_float(x.data(), x16.data(), x.size());
+      kernels::from_float(dy.data(), dy16.data(), dy.size());
+      Matrix xw(x.shape()), dyw(dy.shape());
+      kernels::to_float(x16.data(), xw.data(), xw.size());
+      kernels::to_float(dy16.data(), dyw.data(), dyw.size());
+      take_grads();
+      std::vector<T> y_expected(x.size()), dx_expected(x.size());
+      kernels::from_float(ln.forward<float>(ctx, xw).data(), y_expected.data(), x.size());
+      kernels::from_float(ln.backward<float>(ctx, dyw).data(), dx_expected.data(), x.size());
+      const std::vector<float> g32 = take_grads();
+      const Tensor<T>& y = ln.forward<T>(ctx, x16);
+      REQUIRE(std::memcmp(y.data(), y_expected.data(), x.size() * sizeof(T)) == 0);
+      const Tensor<T>& dx = ln.backward<T>(ctx, dy16);
+      REQUIRE(std::memcmp(dx.data(), dx_expected.data(), x.size() * sizeof(T)) == 0);
+      REQUIRE(take_grads() == g32);
+    };
+    run.operator()<bf16>();
+    run.operator()<fp16>();
   }
-  const Matrix x = random_tensor({600, 32}, 8), dy = random_tensor({600, 32}, 9);
-  Context ctx;
-  auto take_grads = [&] {
-    std::vector<float> g(ln.weight().grads().begin(), ln.weight().grads().end());
-    g.insert(g.end(), ln.bias().grads().begin(), ln.bias().grads().end());
-    std::fill(ln.weight().grads().begin(), ln.weight().grads().end(), 0.0f);
-    std::fill(ln.bias().grads().begin(), ln.bias().grads().end(), 0.0f);
-    return g;
-  };
-  auto run = [&]<class T>() {
-    Tensor<T> x16(x.shape()), dy16(dy.shape());
-    kernels::from_float(x.data(), x16.data(), x.size());
-    kernels::from_float(dy.data(), dy16.data(), dy.size());
-    Matrix xw(x.shape()), dyw(dy.shape());
-    kernels::to_float(x16.data(), xw.data(), xw.size());
-    kernels::to_float(dy16.data(), dyw.data(), dyw.size());
-    take_grads();
-    std::vector<T> y_expected(x.size()), dx_expected(x.size());
-    kernels::from_float(ln.forward<float>(ctx, xw).data(), y_expected.data(), x.size());
-    kernels::from_float(ln.backward<float>(ctx, dyw).data(), dx_expected.data(), x.size());
-    const std::vector<float> g32 = take_grads();
-    const Tensor<T>& y = ln.forward<T>(ctx, x16);
-    REQUIRE(std::memcmp(y.data(), y_expected.data(), x.size() * sizeof(T)) == 0);
-    const Tensor<T>& dx = ln.backward<T>(ctx, dy16);
-    REQUIRE(std::memcmp(dx.data(), dx_expected.data(), x.size() * sizeof(T)) == 0);
-    REQUIRE(take_grads() == g32);
-  };
-  run.operator()<bf16>();
-  run.operator()<fp16>();
 }
 
 TEST_CASE("CausalSelfAttention's backward in bf16 and fp16 stays close to fp32's", "[transformer][precision]") {
-  set_seed(12);
-  nn::CausalSelfAttention a{32, 2};
-  const Matrix x = random_tensor({3, 20, 32}, 6), dy = random_tensor({3, 20, 32}, 7);
-  Context ctx;
-  auto grads = [&] {
-    std::vector<float> all;
-    visit_parameters(a, [&](const std::string&, Param& p, ParamKind) {
-      all.insert(all.end(), p.grads().begin(), p.grads().end());
-      std::fill(p.grads().begin(), p.grads().end(), 0.0f);
-    });
-    return all;
-  };
-  grads();
-  a.forward<float>(ctx, x);
-  const Matrix dx = a.backward<float>(ctx, dy);
-  const std::vector<float> g32 = grads();
-  auto compare = [&]<class T>(float tolerance) {
-    Tensor<T> x16(x.shape()), dy16(dy.shape());
-    kernels::from_float(x.data(), x16.data(), x.size());
-    kernels::from_float(dy.data(), dy16.data(), dy.size());
-    a.forward<T>(ctx, x16);
-    const Tensor<T>& dx16 = a.backward<T>(ctx, dy16);
-    Matrix dxw(dx.shape());
-    kernels::to_float(dx16.data(), dxw.data(), dxw.size());
-    require_close("dx", std::span<const float>(dxw.data(), dxw.size()), dx, tolerance);
-    const std::vector<float> g16 = grads();
-    require_close("parameter gradients", g16, Matrix({g32.size()}, g32), tolerance);
-  };
-  compare.operator()<bf16>(0.05f);
-  compare.operator()<fp16>(0.01f);
+  // Heads of 16 (the packed GEMM with AVX-512) and of 32 (register tiles; bf16 and fp16 write each
+  // head's output and gradients through fp32 scratch).
+  for (const std::size_t embd : {std::size_t{32}, std::size_t{64}}) {
+    INFO("embd " << embd << ", 2 heads");
+    set_seed(12);
+    nn::CausalSelfAttention a{embd, 2};
+    const Matrix x = random_tensor({3, 20, embd}, 6), dy = random_tensor({3, 20, embd}, 7);
+    Context ctx;
+    auto grads = [&] {
+      std::vector<float> all;
+      visit_parameters(a, [&](const std::string&, Param& p, ParamKind) {
+        all.insert(all.end(), p.grads().begin(), p.grads().end());
+        std::fill(p.grads().begin(), p.grads().end(), 0.0f);
+      });
+      return all;
+    };
+    grads();
+    const Matrix y = a.forward<float>(ctx, x);
+    const Matrix dx = a.backward<float>(ctx, dy);
+    const std::vector<float> g32 = grads();
+    auto compare = [&]<class T>(float tolerance) {
+      Tensor<T> x16(x.shape()), dy16(dy.shape());
+      kernels::from_float(x.data(), x16.data(), x.size());
+      kernels::from_float(dy.data(), dy16.data(), dy.size());
+      const Tensor<T>& y16 = a.forward<T>(ctx, x16);
+      Matrix yw(y.shape());
+      kernels::to_float(y16.data(), yw.data(), yw.size());
+      require_close("y", std::span<const float>(yw.data(), yw.size()), y, tolerance);
+      const Tensor<T>& dx16 = a.backward<T>(ctx, dy16);
+      Matrix dxw(dx.shape());
+      kernels::to_float(dx16.data(), dxw.data(), dxw.size());
+      require_close("dx", std::span<const float>(dxw.data(), dxw.size()), dx, tolerance);
+      const std::vector<float> g16 = grads();
+      require_close("parameter gradients", g16, Matrix({g32.size()}, g32), tolerance);
+    };
+    compare.operator()<bf16>(0.05f);
+    compare.operator()<fp16>(0.01f);
+  }
 }
 
 TEST_CASE("The residual sum in bf16 rounds as from_float does, in registers and in the tail",

@@ -1,11 +1,10 @@
 #pragma once
 /// \file attention.hpp
-/// Causal scaled dot-product attention of one (sample, head), and layer normalisation of rows, in
-/// fp32. Attention runs in blocks of attention_block(T) query rows; only the log-sum-exp of each
-/// row is kept for backward, which recomputes the probabilities block by block (as flash
-/// attention does): memory for backward grows as T per head, the scratch as T once. The softmax
-/// and every sum run in fp32. A NaN or +Inf score makes its row NaN, as the definition does.
-/// Two ways to the products, chosen by attention_in_tiles<S>(T, d):
+/// Causal scaled dot-product attention of one (sample, head), in fp32. Attention runs in blocks of attention_block(T)
+/// query rows; only the log-sum-exp of each row is kept for backward, which recomputes the probabilities block by block
+/// (as flash attention does): memory for backward grows as T per head, the scratch as T once. The softmax and every sum
+/// run in fp32. A NaN or +Inf score makes its row NaN, as the definition does. Two ways to the products, chosen by
+/// attention_in_tiles<S>(T, d):
 /// - In tiles (head dim a multiple of a register tile's width, 32 with AVX-512; fp32 at any T;
 ///   bf16 at any T where bf16 products are only emulated, else with heads of 32 up to T = 192):
 ///   the products run in fp32 register tiles on operands read where they are (bf16 q, k, v,
@@ -148,24 +147,30 @@ float exp_shifted(float* x, std::size_t n, float shift) noexcept {
   return sum;
 }
 
-/// sum of a[i] b[i] for i < n, a widened from S (fp32 lanes, the lanes summed, then the tail).
-template <class S, class Arch = simd::default_arch>
-float row_dot(const S* a, const float* b, std::size_t n) noexcept {
+/// sum of a[i] b[i] for i < n, a and b widened from SA and SB (fp32 lanes, the lanes summed, then
+/// the tail).
+template <class SA, class SB, class Arch = simd::default_arch>
+float row_dot(const SA* a, const SB* b, std::size_t n) noexcept {
   using B = simd::batch<float, Arch>;
   constexpr std::size_t w = B::size, chunk = 64;
-  alignas(64) float wide[chunk];
+  alignas(64) float wide_a[chunk], wide_b[chunk];
   B acc(0.0f);
   float tail = 0.0f;
   for (std::size_t c0 = 0; c0 < n; c0 += chunk) {
     const std::size_t m = std::min(chunk, n - c0);
-    const float* x = wide;
-    if constexpr (std::is_same_v<S, float>)
+    const float* x = wide_a;
+    const float* y = wide_b;
+    if constexpr (std::is_same_v<SA, float>)
       x = a + c0;
     else
-      to_float(a + c0, wide, m);
+      to_float(a + c0, wide_a, m);
+    if constexpr (std::is_same_v<SB, float>)
+      y = b + c0;
+    else
+      to_float(b + c0, wide_b, m);
     std::size_t i = 0;
-    for (; i + w <= m; i += w) acc = xsimd::fma(B::load_unaligned(x + i), B::load_unaligned(b + c0 + i), acc);
-    for (; i < m; ++i) tail += x[i] * b[c0 + i];
+    for (; i + w <= m; i += w) acc = xsimd::fma(B::load_unaligned(x + i), B::load_unaligned(y + i), acc);
+    for (; i < m; ++i) tail += x[i] * y[i];
   }
   return simd::horizontal_sum(acc) + tail;
 }
@@ -367,10 +372,10 @@ void attention_forward_tiles(std::size_t T, std::size_t d, float scale, const S*
 }
 
 /// causal_attention_backward when attention_in_tiles(T, d) (see attention_forward_tiles).
-template <class S, class Arch = simd::default_arch>
+template <class S, class Arch = simd::default_arch, class O>
 void attention_backward_tiles(std::size_t T, std::size_t d, float scale, const S* q, const S* k, const S* v,
-                              std::size_t ld, const float* out, const S* dout, std::size_t ldo, const float* lse,
-                              float* dq, float* dk, float* dv, std::size_t ldg, float* scratch) {
+                              std::size_t ld, const O* out, const S* dout, std::size_t ldo, const float* lse, float* dq,
+                              float* dk, float* dv, std::size_t ldg, float* scratch) {
   using shape = GemmShape<Arch>;
   const std::size_t width = attention_width<Arch>(T), block = std::min(T, attention_block(T));
   float* kt = scratch;
@@ -464,13 +469,13 @@ void causal_attention_forward(std::size_t T, std::size_t d, float scale, const S
 }
 
 /// Backward of causal_attention_forward: dq, dk, dv = d(loss)/dq, /dk, /dv (written), T rows of
-/// d floats at stride `ldg` each (the columns between them untouched). `out` and `lse` are forward's,
-/// `dout` the gradient of out (stride ldo). `scratch`: at least attention_scratch(T, d) floats.
-/// The probabilities are recomputed from q, k and lse. S: as forward's (dout stored as S too). The
-/// GEMMs pack in the calling thread's workspace of `executor`.
-template <class S>
+/// d floats at stride `ldg` each (the columns between them untouched). `out` and `lse` are forward's
+/// (out stored as fp32 or as the layer's 16-bit output), `dout` the gradient of out (stride ldo). `scratch`: at least
+/// attention_scratch(T, d) floats. The probabilities are recomputed from q, k and lse. S: as forward's (dout stored as
+/// S too). The GEMMs pack in the calling thread's workspace of `executor`.
+template <class S, class O>
 void causal_attention_backward(std::size_t T, std::size_t d, float scale, const S* q, const S* k, const S* v,
-                               std::size_t ld, const float* out, const S* dout, std::size_t ldo, const float* lse,
+                               std::size_t ld, const O* out, const S* dout, std::size_t ldo, const float* lse,
                                float* dq, float* dk, float* dv, std::size_t ldg, float* scratch,
                                backend::Executor* executor = nullptr) {
   if (attention_in_tiles<S>(T, d)) {
@@ -510,81 +515,6 @@ void causal_attention_backward(std::size_t T, std::size_t d, float scale, const 
                               executor);
     detail::attention_gemm<S>(Trans::yes, Trans::no, keys, d, rows, 1.0f, dp, keys, q + i0 * ld, ld, 1.0f, dk, ldg,
                               executor);
-  }
-}
-
-/// Layer normalisation of `rows` rows of n floats: y = (x - mean) * rstd * w + b (w, b may be
-/// null: no affine), saving mean and rstd = 1 / sqrt(var + eps) per row (biased variance).
-inline void layer_norm_forward(const float* x, std::size_t rows, std::size_t n, float eps, const float* w,
-                               const float* b, float* y, float* mean, float* rstd) noexcept {
-  for (std::size_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * n;
-    float* yr = y + r * n;
-    const float m = static_cast<float>(plane_sum(xr, n) / static_cast<double>(n));
-    const float var = static_cast<float>(plane_sq_dev(xr, n, m) / static_cast<double>(n));
-    const float s = 1.0f / std::sqrt(var + eps);
-    if (w != nullptr)
-      for (std::size_t j = 0; j < n; ++j) yr[j] = (xr[j] - m) * s * w[j] + b[j];
-    else
-      for (std::size_t j = 0; j < n; ++j) yr[j] = (xr[j] - m) * s;
-    mean[r] = m;
-    rstd[r] = s;
-  }
-}
-
-namespace detail {
-/// One row of layer_norm_backward (w, dw, db used when Affine). The sums run in 16 fp32 lanes
-/// (vectorised), added in order. dx may be dy (in place).
-template <bool Affine>
-void layer_norm_backward_row(const float* x, const float* dy, std::size_t n, const float* w, float m, float s,
-                             float* dx, float* __restrict dw, float* __restrict db) noexcept {
-  float lanes_g[16] = {}, lanes_gx[16] = {};
-  std::size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (std::size_t j = 0; j < 16; ++j) {
-      const float xhat = (x[i + j] - m) * s;
-      const float g = Affine ? dy[i + j] * w[i + j] : dy[i + j];
-      lanes_g[j] += g;
-      lanes_gx[j] += g * xhat;
-      if constexpr (Affine) {
-        dw[i + j] += dy[i + j] * xhat;
-        db[i + j] += dy[i + j];
-      }
-    }
-  float sum_g = 0.0f, sum_gx = 0.0f;
-  for (std::size_t j = 0; j < 16; ++j) {
-    sum_g += lanes_g[j];
-    sum_gx += lanes_gx[j];
-  }
-  for (; i < n; ++i) {
-    const float xhat = (x[i] - m) * s;
-    const float g = Affine ? dy[i] * w[i] : dy[i];
-    sum_g += g;
-    sum_gx += g * xhat;
-    if constexpr (Affine) {
-      dw[i] += dy[i] * xhat;
-      db[i] += dy[i];
-    }
-  }
-  const float inv_n = 1.0f / static_cast<float>(n);
-  const float mg = sum_g * inv_n, mgx = sum_gx * inv_n;
-  for (std::size_t j = 0; j < n; ++j) {
-    const float xhat = (x[j] - m) * s;
-    const float g = Affine ? dy[j] * w[j] : dy[j];
-    dx[j] = s * (g - mg - xhat * mgx);
-  }
-}
-}  // namespace detail
-
-/// Backward of layer_norm_forward: dx written; dw, db ADDED into (when w is not null).
-/// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w, xhat = (x - mean) * rstd.
-inline void layer_norm_backward(const float* x, const float* dy, std::size_t rows, std::size_t n, const float* w,
-                                const float* mean, const float* rstd, float* dx, float* dw, float* db) noexcept {
-  for (std::size_t r = 0; r < rows; ++r) {
-    if (w != nullptr)
-      detail::layer_norm_backward_row<true>(x + r * n, dy + r * n, n, w, mean[r], rstd[r], dx + r * n, dw, db);
-    else
-      detail::layer_norm_backward_row<false>(x + r * n, dy + r * n, n, w, mean[r], rstd[r], dx + r * n, dw, db);
   }
 }
 

@@ -14,7 +14,11 @@
 /// gradients rounded to bf16 as they enter a product, as in bf16 flash attention); and in fp16, or
 /// bf16 without the instruction, in fp32 on widened copies (fp16's range is also too narrow for
 /// the probabilities' gradients). Only the log-sum-exp of each row is kept for backward (the
-/// probabilities are recomputed), so what backward keeps grows as T, not T^2, per head.
+/// probabilities are recomputed), so what backward keeps grows as T, not T^2, per head. In
+/// bf16/fp16 each head's output and its q, k, v gradients are computed in fp32 scratch of T x d
+/// and rounded into the layer's tensors while in cache, and backward's rowsum(dout * out) reads
+/// the output as rounded (what the next layer saw, as bf16 flash attention does): no fp32 copy of
+/// the output or of the q, k, v gradients is stored.
 
 #include <algorithm>
 #include <cmath>
@@ -54,26 +58,26 @@ class CausalSelfAttention {
     att.resize(x.shape());
     lse_.resize({batch_ * heads_ * positions_});
     const S<T>* q = operands(ctx, qkv, qkv32_, n * 3 * embd_);
-    float* out = nullptr;
-    if constexpr (std::is_same_v<T, float>) {
-      out = att.data();
-    } else {
-      out32_.resize({n * embd_});
-      out = out32_.data();
-    }
     const std::size_t d = embd_ / heads_, ld = 3 * embd_;
     // (sequence, head) pairs are independent: split over the threads, each with its scratch.
     const auto fetch = [&](std::size_t b, std::size_t h) {
       const S<T>* base = q + b * positions_ * ld + h * d;
       for (std::size_t part = 0; part < 3; ++part) kernels::prefetch_rows(base + part * embd_, ld, positions_, d);
     };
-    for_pairs(ctx, fetch, [&](std::size_t b, std::size_t h, float* work) {
+    for_pairs<T>(ctx, fetch, [&](std::size_t b, std::size_t h, float* work, float* head) {
       const S<T>* base = q + b * positions_ * ld + h * d;
-      kernels::causal_attention_forward(positions_, d, scale(), base, base + embd_, base + 2 * embd_, ld,
-                                        out + b * positions_ * embd_ + h * d, embd_,
-                                        lse_.data() + (b * heads_ + h) * positions_, work, ctx.executor);
+      T* out = att.data() + b * positions_ * embd_ + h * d;
+      float* lse = lse_.data() + (b * heads_ + h) * positions_;
+      if constexpr (std::is_same_v<T, float>) {
+        kernels::causal_attention_forward(positions_, d, scale(), base, base + embd_, base + 2 * embd_, ld, out, embd_,
+                                          lse, work, ctx.executor);
+      } else {
+        // The head's output in fp32 scratch, rounded into its columns of att while in cache.
+        kernels::causal_attention_forward(positions_, d, scale(), base, base + embd_, base + 2 * embd_, ld, head, d,
+                                          lse, work, ctx.executor);
+        round_rows(head, d, out, embd_);
+      }
     });
-    if constexpr (!std::is_same_v<T, float>) kernels::from_float(out32_.data(), att.data(), n * embd_, ctx.executor);
     qkv_out_ = &qkv;
     type_ = activation_type_index<T>;
     return xtrain::forward(ctx, proj_, att);
@@ -89,14 +93,9 @@ class CausalSelfAttention {
     ctx.input_grad = true;
     const Tensor<T>& datt = xtrain::backward(ctx, proj_, dy);
     const std::size_t n = batch_ * positions_, d = embd_ / heads_, ld = 3 * embd_;
+    const T* out = att_.get<T>().data();  // forward's output, as stored (what the next layer saw)
     const S<T>* q = nullptr;
-    const float* out = nullptr;
     const S<T>* dout = nullptr;
-    if constexpr (std::is_same_v<T, float>) {
-      out = att_.get<T>().data();
-    } else {
-      out = out32_.data();
-    }
     if constexpr (std::is_same_v<S<T>, T>) {
       q = static_cast<const Tensor<T>*>(qkv_out_)->data();
       dout = datt.data();
@@ -108,13 +107,6 @@ class CausalSelfAttention {
     }
     Tensor<T>& dqkv = dqkv_.get<T>();
     dqkv.resize(static_cast<const Tensor<T>*>(qkv_out_)->shape());
-    float* g = nullptr;
-    if constexpr (std::is_same_v<T, float>) {
-      g = dqkv.data();
-    } else {
-      dqkv32_.resize({n * ld});
-      g = dqkv32_.data();
-    }
     // Each pair writes its own columns of its own rows of dqkv (the heads' columns cover all of it).
     const auto fetch = [&](std::size_t b, std::size_t h) {
       const std::size_t row0 = b * positions_;
@@ -123,16 +115,24 @@ class CausalSelfAttention {
       kernels::prefetch_rows(out + row0 * embd_ + h * d, embd_, positions_, d);
       kernels::prefetch_rows(dout + row0 * embd_ + h * d, embd_, positions_, d);
     };
-    for_pairs(ctx, fetch, [&](std::size_t b, std::size_t h, float* work) {
+    for_pairs<T>(ctx, fetch, [&](std::size_t b, std::size_t h, float* work, float* head) {
       const std::size_t row0 = b * positions_;
       const S<T>* base = q + row0 * ld + h * d;
-      float* gbase = g + row0 * ld + h * d;
-      kernels::causal_attention_backward(positions_, d, scale(), base, base + embd_, base + 2 * embd_, ld,
-                                         out + row0 * embd_ + h * d, dout + row0 * embd_ + h * d, embd_,
-                                         lse_.data() + (b * heads_ + h) * positions_, gbase, gbase + embd_,
-                                         gbase + 2 * embd_, ld, work, ctx.executor);
+      T* g = dqkv.data() + row0 * ld + h * d;
+      const T* o = out + row0 * embd_ + h * d;
+      const S<T>* dout_h = dout + row0 * embd_ + h * d;
+      float* lse = lse_.data() + (b * heads_ + h) * positions_;
+      if constexpr (std::is_same_v<T, float>) {
+        kernels::causal_attention_backward(positions_, d, scale(), base, base + embd_, base + 2 * embd_, ld, o, dout_h,
+                                           embd_, lse, g, g + embd_, g + 2 * embd_, ld, work, ctx.executor);
+      } else {
+        // dq, dk, dv of the head in fp32 scratch, rounded into their columns of dqkv while in cache.
+        const std::size_t size = positions_ * d;
+        kernels::causal_attention_backward(positions_, d, scale(), base, base + embd_, base + 2 * embd_, ld, o, dout_h,
+                                           embd_, lse, head, head + size, head + 2 * size, d, work, ctx.executor);
+        for (std::size_t part = 0; part < 3; ++part) round_rows(head + part * size, d, g + part * embd_, ld);
+      }
     });
-    if constexpr (!std::is_same_v<T, float>) kernels::from_float(dqkv32_.data(), dqkv.data(), n * ld, ctx.executor);
     ctx.input_grad = want_input_grad;
     return xtrain::backward(ctx, qkv_, static_cast<const Tensor<T>&>(dqkv));
   }
@@ -157,25 +157,35 @@ class CausalSelfAttention {
     return 1.0f / std::sqrt(static_cast<float>(head_dim));
   }
 
-  // f(b, h, scratch) for every (sequence, head) pair, split over the context's threads, each
-  // thread with scratch of its own. Pairs are independent (each writes its own rows and columns),
-  // so the result is the same on any number of threads. fetch(b, h) asks for the next pair's
-  // operands before a pair computes: they are rows of 64 or 128 bytes at a stride of kilobytes,
-  // which the hardware prefetchers do not follow, and the step's activations have left the cache.
-  template <class Fetch, class F>
+  // f(b, h, scratch, head) for every (sequence, head) pair, split over the context's threads, each
+  // thread with scratch of its own: the kernels' scratch, and for 16-bit T room for three fp32
+  // tensors of the head (T x d each: its output, or its q, k, v gradients) that are rounded into
+  // the layer's output while in cache. Pairs are independent (each writes its own rows and
+  // columns), so the result is the same on any number of threads. fetch(b, h) asks for the next
+  // pair's operands before a pair computes: they are rows of 64 or 128 bytes at a stride of
+  // kilobytes, which the hardware prefetchers do not follow, and the step's activations have left
+  // the cache.
+  template <class T, class Fetch, class F>
   void for_pairs(Context& ctx, Fetch&& fetch, F&& f) {
-    const std::size_t scratch = kernels::attention_scratch(positions_, embd_ / heads_);
-    const std::size_t grain =
-        std::max<std::size_t>(1, (std::size_t{1} << 16) / (positions_ * positions_ * embd_ / heads_ + 1));
+    const std::size_t d = embd_ / heads_, kernel = kernels::attention_scratch(positions_, d);
+    const std::size_t scratch = kernel + (std::is_same_v<T, float> ? 0 : 3 * positions_ * d);
+    const std::size_t grain = std::max<std::size_t>(1, (std::size_t{1} << 16) / (positions_ * positions_ * d + 1));
     scratch_.resize({scratch * backend::threads_of(ctx.executor)});
     backend::parallel_for(ctx.executor, batch_ * heads_, grain, 1,
                           [&](std::size_t p0, std::size_t p1, std::size_t part) {
+                            float* work = scratch_.data() + part * scratch;
                             if (p0 < p1) fetch(p0 / heads_, p0 % heads_);
                             for (std::size_t p = p0; p < p1; ++p) {
                               if (p + 1 < p1) fetch((p + 1) / heads_, (p + 1) % heads_);
-                              f(p / heads_, p % heads_, scratch_.data() + part * scratch);
+                              f(p / heads_, p % heads_, work, work + kernel);
                             }
                           });
+  }
+
+  // The head's T rows of d fp32 values (stride d) rounded into rows of T at stride ld.
+  template <class T>
+  void round_rows(const float* src, std::size_t d, T* dst, std::size_t ld) const noexcept {
+    for (std::size_t t = 0; t < positions_; ++t) kernels::from_float(src + t * d, dst + t * ld, d);
   }
 
   // What the attention's products read in activation type T: T itself (fp32; bf16 with native
@@ -200,8 +210,8 @@ class CausalSelfAttention {
   std::size_t batch_ = 0, positions_ = 0;
   const void* qkv_out_ = nullptr;  // the qkv projection's output of the last forward
   int type_ = 0;
-  Tensor<float> lse_, scratch_, out32_, dqkv32_;  // the last two: bf16/fp16 only
-  Tensor<float> qkv32_, dout32_;                  // 16-bit run in fp32 (see S)
+  Tensor<float> lse_, scratch_;
+  Tensor<float> qkv32_, dout32_;  // 16-bit run in fp32 (see S)
   ActivationBuffers att_, dqkv_;
 };
 

@@ -3,7 +3,7 @@
 /// LayerNorm(dim, eps, affine): each row of the last dimension normalised to mean 0 and variance 1
 /// (biased), then scaled and shifted: PyTorch's nn.LayerNorm over one trailing dimension (weight
 /// 1, bias 0 at start; both ParamKind::norm, so parameter groups exempt them from weight decay).
-/// Statistics in fp32 whatever the activation type. Kernels: kernels/attention.hpp.
+/// Statistics in fp32 whatever the activation type. Kernels: kernels/layer_norm.hpp.
 
 #include <algorithm>
 #include <cstddef>
@@ -16,8 +16,8 @@
 #include "xtrain/core/module.hpp"
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/tensor.hpp"
-#include "xtrain/kernels/attention.hpp"
 #include "xtrain/kernels/convert.hpp"
+#include "xtrain/kernels/layer_norm.hpp"
 
 namespace xtrain::layers {
 
@@ -47,12 +47,12 @@ class LayerNorm {
     // Rows are independent: split over the context's threads (the same values on any count).
     backend::parallel_for(ctx.executor, rows, std::max<std::size_t>(1, (std::size_t{1} << 14) / dim_), 1,
                           [&](std::size_t r0, std::size_t r1) {
-                            if constexpr (std::is_same_v<T, float>) {
+                            if constexpr (kernels::layer_norm_direct<T>) {
                               kernels::layer_norm_forward(x.data() + r0 * dim_, r1 - r0, dim_, eps_, w(), b(),
                                                           y.data() + r0 * dim_, mean_.data() + r0, rstd_.data() + r0);
                             } else {
-                              // bf16/fp16: a few rows at a time widened into the thread's workspace, normalised, and
-                              // rounded back while they are in cache.
+                              // bf16/fp16 without 16-lane registers: a few rows at a time widened into the thread's
+                              // workspace, normalised, and rounded back while they are in cache.
                               const backend::WorkspaceFor ws(ctx.executor);
                               const std::size_t chunk = chunk_rows();
                               float* in = ws->get<float>(backend::Workspace::Slot::accumulate, 2 * chunk * dim_);
@@ -85,10 +85,10 @@ class LayerNorm {
     dx.resize(x.shape());
     float* dw = affine() ? weight_.grad() : nullptr;
     float* db = affine() ? bias_.grad() : nullptr;
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (kernels::layer_norm_direct<T>) {
       kernels::layer_norm_backward(x.data(), dy.data(), rows, dim_, w(), mean_.data(), rstd_.data(), dx.data(), dw, db);
     } else {
-      // x and dy widened a few rows at a time (rows in order: dw and db sum as in fp32).
+      // Without 16-lane registers: x and dy widened a few rows at a time (rows in order: dw and db sum as in fp32).
       const backend::WorkspaceFor ws(ctx.executor);
       const std::size_t chunk = chunk_rows();
       float* x32 = ws->get<float>(backend::Workspace::Slot::accumulate, 2 * chunk * dim_);
@@ -125,7 +125,7 @@ class LayerNorm {
 
  private:
   const float* w() const noexcept { return affine() ? weight_.data() : nullptr; }
-  // Rows widened at a time in bf16/fp16: about 8k floats (32 KiB) per buffer.
+  // Rows widened at a time in bf16/fp16 without 16-lane registers: about 8k floats (32 KiB) per buffer.
   std::size_t chunk_rows() const noexcept { return std::max<std::size_t>(1, (std::size_t{1} << 13) / dim_); }
   const float* b() const noexcept { return affine() ? bias_.data() : nullptr; }
 
