@@ -20,7 +20,8 @@
 ///   depend on the thread count. No column matrix: the automatic choice for few output channels
 ///   (direct_max_outputs), where im2col's data movement costs more than its GEMM. The weight
 ///   gradient is vectorised over the output channels where they fill a register or two.
-/// - image_lanes (stride 1, dilation 1, 3 x 3 or 5 x 5 kernels): kernels/conv_lanes.hpp, 16
+/// - image_lanes (stride 1, dilation 1, 3 x 3 or 5 x 5 kernels): kernels/conv_lanes.hpp through
+///   layers/conv2d_lanes.hpp, 16
 ///   images at once (AVX-512), one per SIMD lane, so no lane is idle whatever the channel counts;
 ///   in bf16 with AVX512_BF16 the products are bf16 (vdpbf16ps on channel or column pairs). The
 ///   automatic choice for "same" padding (fp32) or two or more input channels per group (bf16
@@ -50,6 +51,7 @@
 #include "xtrain/kernels/gemm.hpp"
 #include "xtrain/kernels/gemm_lowp.hpp"
 #include "xtrain/kernels/simd.hpp"
+#include "xtrain/layers/conv2d_lanes.hpp"
 
 namespace xtrain::layers {
 
@@ -78,13 +80,7 @@ class Conv2d {
   /// Whether image_lanes multiplies in bf16 for activations of type T (vdpbf16ps on pairs of
   /// channels or columns: bf16 where the target has AVX512_BF16); otherwise it computes in fp32.
   template <ActivationType T = float>
-  static constexpr bool image_lanes_bf16_products = [] {
-#if XTRAIN_HAS_AVX512_BF16
-    return std::is_same_v<T, bf16> && simd::lanes<> == 16;
-#else
-    return false;
-#endif
-  }();
+  static constexpr bool image_lanes_bf16_products = detail::image_lanes_bf16_products<T>;
   /// Whether a batch of `batch` images keeps at least 80 % of image_lanes' lanes busy (the last
   /// group of L images may be partly empty).
   static constexpr bool image_lanes_fills(std::size_t batch) noexcept {
@@ -365,50 +361,6 @@ class Conv2d {
     });
   }
 
-  // The image_lanes weights of each group paired over `channels` (lanes::pairs::pack_weights)
-  // into pair_weights_; from w [groups][outs][channels][taps].
-  void pack_pair_weights([[maybe_unused]] const float* w, [[maybe_unused]] std::size_t outs,
-                         [[maybe_unused]] std::size_t channels) {
-#if XTRAIN_HAS_AVX512_BF16
-    const std::size_t taps = window_.kernel.h * window_.kernel.w, per_group = outs * ((channels + 1) / 2) * taps;
-    pair_weights_.resize(groups_ * per_group);
-    for (std::size_t g = 0; g < groups_; ++g)
-      kernels::lanes::pairs::pack_weights(w + g * outs * channels * taps, outs, channels, taps,
-                                          pair_weights_.data() + g * per_group);
-#endif
-  }
-
-  // y (fp32 [outs][OH][OW][L]) = bias + the correlation of `channels` planes of `count` images
-  // (`image` values apart) with group g's weights w (fp32 [outs][channels][taps], or
-  // pair_weights_ when paired), in window win (Frame f); the planes framed into `scratch` (fp32,
-  // channels * f.in_plane floats) or its channel-pair words (bf16 products, two or more channels:
-  // one channel would leave half of each pair empty).
-  template <class T>
-  void lanes_correlate(const T* x, std::size_t image, std::size_t count, std::size_t channels, const float* w,
-                       [[maybe_unused]] std::size_t g, const float* bias, std::size_t outs, const kernels::Window& win,
-                       const kernels::lanes::Frame& f, void* scratch, float* y) {
-#if XTRAIN_HAS_AVX512_BF16
-    if constexpr (image_lanes_bf16_products<T>) {
-      if (channels < 2) return lanes_correlate_fp32(x, image, count, channels, w, bias, outs, win, f, scratch, y);
-      const std::size_t pairs = (channels + 1) / 2, taps = win.kernel.h * win.kernel.w;
-      auto* words = static_cast<std::uint32_t*>(scratch);
-      kernels::lanes::pairs::frame_pairs(x, image, count, channels, win, f, words);
-      kernels::lanes::pairs::forward(words, channels, pair_weights_.data() + g * outs * pairs * taps, bias, outs, win,
-                                     f, y);
-      return;
-    }
-#endif
-    lanes_correlate_fp32(x, image, count, channels, w, bias, outs, win, f, scratch, y);
-  }
-  template <class T>
-  static void lanes_correlate_fp32(const T* x, std::size_t image, std::size_t count, std::size_t channels,
-                                   const float* w, const float* bias, std::size_t outs, const kernels::Window& win,
-                                   const kernels::lanes::Frame& f, void* scratch, float* y) {
-    auto* xf = static_cast<float*>(scratch);
-    kernels::lanes::frame_input(x, image, count, channels, win, f, simd::lanes<>, xf);
-    kernels::lanes::forward(xf, channels, w, bias, outs, win, f, y);
-  }
-
   // flipped_ = each group's kernel flipped and transposed (direct::flip_kernel), for dx.
   void flip_weights() {
     const std::size_t cg = in_ / groups_, og = out_ / groups_, kg = fan_in();
@@ -417,95 +369,28 @@ class Conv2d {
       kernels::direct::flip_kernel(weight_.data() + g * og * kg, og, cg, window_.kernel, flipped_.data() + g * og * kg);
   }
 
-  // Group g of `count` images of x and dy (from image s0): the weight gradient written to dw and,
-  // when dx is not null, the input gradient to dx (through dxt); framed in the thread's workspace.
-  // bf16 products pair dy's columns, x's columns and dy's channels; fp32 frames dy once for both.
-  template <class T>
-  void lanes_backward(backend::Workspace& ws, const T* x, const T* dy, std::size_t s0, std::size_t count, std::size_t g,
-                      float* dw, float* dxt, T* dx) {
-    constexpr std::size_t L = simd::lanes<>;
-    const kernels::Window gd = kernels::lanes::input_grad_window(window_);
-    const kernels::lanes::Frame fx(window_, L), fd(gd, L);
-    const std::size_t cg = in_ / groups_, og = out_ / groups_, plane = window_.out_plane(),
-                      in_plane = window_.in_plane(), x_image = in_ * in_plane, dy_image = out_ * plane;
-    const T* xg = x + (s0 * in_ + g * cg) * in_plane;
-    const T* dyg = dy + (s0 * out_ + g * og) * plane;
-    T* dxg = dx ? dx + (s0 * in_ + g * cg) * in_plane : nullptr;
-#if XTRAIN_HAS_AVX512_BF16
-    if constexpr (image_lanes_bf16_products<T>) {
-      const std::size_t dy_plane = window_.oh * ((window_.ow + 1) / 2) * L, pairs = (cg + 1) / 2;
-      std::uint32_t* dyw =
-          ws.get<std::uint32_t>(backend::Workspace::Slot::words_b, og * dy_plane + (cg + pairs) * fx.in_plane);
-      std::uint32_t* xw = dyw + og * dy_plane;
-      std::uint32_t* xp = xw + cg * fx.in_plane;
-      kernels::lanes::pairs::output_pairs(dyg, dy_image, count, og, window_, dyw);
-      kernels::lanes::pairs::frame_pairs(xg, x_image, count, cg, window_, fx, xp);
-      kernels::lanes::pairs::column_pairs(xp, cg, fx, xw);
-      kernels::lanes::pairs::weight_grad(dyw, og, xw, fx, cg, window_, dw);
-      if (!dx) return;
-      void* scratch = ws.get<float>(backend::Workspace::Slot::words_a, og * fd.in_plane);  // fp32 >= pair words
-      lanes_correlate(dyg, dy_image, count, og, flipped_.data() + g * og * fan_in(), g, nullptr, cg, gd, fd, scratch,
-                      dxt);
-      kernels::lanes::unframe(dxt, cg, in_plane, count, L, dxg, x_image);
-      return;
-    }
-#endif
-    float* dyf = ws.get<float>(backend::Workspace::Slot::words_b, og * fd.in_plane + cg * fx.in_plane);
-    float* xf = dyf + og * fd.in_plane;
-    kernels::lanes::frame_input(dyg, dy_image, count, og, gd, fd, L, dyf);
-    kernels::lanes::frame_input(xg, x_image, count, cg, window_, fx, L, xf);
-    kernels::lanes::weight_grad(dyf, fd, og, xf, fx, cg, window_, dw);
-    if (!dx) return;
-    kernels::lanes::forward(dyf, og, flipped_.data() + g * og * fan_in(), nullptr, cg, gd, fd, dxt);
-    kernels::lanes::unframe(dxt, cg, in_plane, count, L, dxg, x_image);
-  }
-
-  // Images in groups of one per SIMD lane (kernels/conv_lanes.hpp), the groups split over the
-  // backend's threads.
+  // Images in groups of one per SIMD lane: layers/conv2d_lanes.hpp.
   template <class T>
   void forward_lanes(Context& ctx, const Tensor<T>& x, Tensor<T>& y) {
-    constexpr std::size_t L = simd::lanes<>;
-    const kernels::lanes::Frame f(window_, L);
-    const std::size_t n = x.shape(0), cg = in_ / groups_, og = out_ / groups_, kg = fan_in(),
-                      plane = window_.out_plane(), in_plane = window_.in_plane(), blocks = (n + L - 1) / L;
-    if constexpr (image_lanes_bf16_products<T>) pack_pair_weights(weight_.data(), og, cg);
-    backend::parallel_for(ctx.executor, blocks, 1, 1, [&](std::size_t begin, std::size_t end) {
-      const backend::WorkspaceFor ws(ctx.executor);
-      float* yt = ws->get<float>(backend::Workspace::Slot::planes, og * f.out_plane);
-      void* scratch = ws->get<float>(backend::Workspace::Slot::words_a, cg * f.in_plane);  // fp32 >= pair words
-      for (std::size_t b = begin; b < end; ++b) {
-        const std::size_t s0 = b * L, count = std::min(L, n - s0);
-        for (std::size_t g = 0; g < groups_; ++g) {
-          lanes_correlate(x.data() + (s0 * in_ + g * cg) * in_plane, in_ * in_plane, count, cg,
-                          weight_.data() + g * og * kg, g, has_bias() ? bias_.data() + g * og : nullptr, og, window_, f,
-                          scratch, yt);
-          kernels::lanes::unframe(yt, og, plane, count, L, y.data() + (s0 * out_ + g * og) * plane, out_ * plane);
-        }
-      }
-    });
+    lanes_.forward(ctx, geometry(), x, weight_.data(), has_bias() ? bias_.data() : nullptr, y);
   }
 
   // dW += the weight gradients of the groups of L images, in order; dx (when not null) written.
   template <class T>
   void backward_lanes(Context& ctx, const Tensor<T>& x, const Tensor<T>& dy, T* dx) {
-    constexpr std::size_t L = simd::lanes<>;
-    const kernels::lanes::Frame fd(kernels::lanes::input_grad_window(window_), L);
-    const std::size_t n = x.shape(0), cg = in_ / groups_, og = out_ / groups_, kg = fan_in(), wsize = weight_.size(),
-                      blocks = (n + L - 1) / L;
-    partials_.resize(blocks * wsize);
-    if (dx) {
-      flip_weights();
-      if constexpr (image_lanes_bf16_products<T>) pack_pair_weights(flipped_.data(), cg, og);
-    }
-    backend::parallel_for(ctx.executor, blocks, 1, 1, [&](std::size_t begin, std::size_t end) {
-      const backend::WorkspaceFor ws(ctx.executor);
-      float* dxt = dx ? ws->get<float>(backend::Workspace::Slot::planes, cg * fd.out_plane) : nullptr;
-      for (std::size_t b = begin; b < end; ++b)
-        for (std::size_t g = 0; g < groups_; ++g)
-          lanes_backward(*ws, x.data(), dy.data(), b * L, std::min(L, n - b * L), g,
-                         partials_.data() + b * wsize + g * og * kg, dxt, dx);
-    });
+    const std::size_t blocks = (x.shape(0) + simd::lanes<> - 1) / simd::lanes<>;
+    partials_.resize(blocks * weight_.size());
+    if (dx) flip_weights();
+    lanes_.backward(ctx, geometry(), x, dy, dx ? flipped_.data() : nullptr, partials_.data(), dx);
+    add_partials(blocks);
+  }
+
+  detail::ConvGeometry geometry() const noexcept { return {in_, out_, groups_, window_}; }
+
+  // weight.grad += the first `blocks` weight-gradient partials, in order.
+  void add_partials(std::size_t blocks) {
     float* gw = weight_.grad();
+    const std::size_t wsize = weight_.size();
     for (std::size_t b = 0; b < blocks; ++b) {
       const float* part = partials_.data() + b * wsize;
       for (std::size_t i = 0; i < wsize; ++i) gw[i] += part[i];
@@ -567,11 +452,7 @@ class Conv2d {
         }
       }
     });
-    float* gw = weight_.grad();
-    for (std::size_t b = 0; b < blocks; ++b) {
-      const float* part = partials_.data() + b * wsize;
-      for (std::size_t i = 0; i < wsize; ++i) gw[i] += part[i];
-    }
+    add_partials(blocks);
   }
 
   // Calls f(first image, images, columns) for the batch in chunks: as many images side by side as
@@ -650,10 +531,10 @@ class Conv2d {
   const void* x_ = nullptr;  // the Tensor<T> of the last forward
   int x_type_ = 0;           // its activation_type_index
   ActivationBuffers y_, dx_;
-  Buffer<float> f32_[2], dcol_, acc_;   // see buffer(); the columns' gradient; fp32 accumulator (16-bit runs)
-  Buffer<float> partials_, flipped_;    // direct, image_lanes: each block's weight gradient; the flipped kernel
-  Buffer<std::uint32_t> pair_weights_;  // image_lanes in bf16: the (flipped) weights paired (lanes::pairs)
-  Buffer<float> transposed_;            // direct by output channels: the weights [c][tap][o], then the bias
+  Buffer<float> f32_[2], dcol_, acc_;  // see buffer(); the columns' gradient; fp32 accumulator (16-bit runs)
+  Buffer<float> partials_, flipped_;   // direct, image_lanes: each block's weight gradient; the flipped kernel
+  detail::ImageLanes lanes_;           // image_lanes: its state (the bf16-paired weights)
+  Buffer<float> transposed_;           // direct by output channels: the weights [c][tap][o], then the bias
   Algorithm algorithm_ = Algorithm::automatic;
   Buffer<bf16> b16_[2];
   Buffer<fp16> f16_[2];
