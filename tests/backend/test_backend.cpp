@@ -352,6 +352,24 @@ TEST_CASE("Training is bitwise the same on 1, 2 and 3 threads", "[backend][train
     const auto one = train_with<MixedPrecision<bf16>>(1, model(), 128, 1);
     REQUIRE(same_bits(one, train_with<MixedPrecision<bf16>>(3, model(), 128, 1)));
   }
+  SECTION("a GPT in bf16 (attention's per-thread scratch: heads of 32 in tiles, LayerNorm, GELU), 3 steps") {
+    auto train = [](std::size_t threads) {
+      set_seed(11);
+      Trainer<layers::GPT, optim::AdamW, MixedPrecision<bf16>, parallel::SingleProcess, backend::CpuThreads> trainer{
+          layers::GPT({.vocab = 20, .block = 32, .layers = 2, .heads = 2, .embd = 64}), optim::AdamW{},
+          TrainerOptions{}.threads(threads).verbose(false)};
+      Tensor<std::int32_t> ids({6, 32}), targets({6, 32});
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        ids.data()[i] = static_cast<std::int32_t>((i * 7) % 20);
+        targets.data()[i] = static_cast<std::int32_t>((i * 7 + 3) % 20);
+      }
+      for (int step = 0; step < 3; ++step) trainer.train_step(ids, targets, 0, ids.shape(0));
+      return std::vector<float>(trainer.params().values().begin(), trainer.params().values().end());
+    };
+    const auto one = train(1);
+    REQUIRE(same_bits(one, train(2)));
+    REQUIRE(same_bits(one, train(3)));
+  }
 }
 
 TEST_CASE("Thread counts: the option, the environment, the default, and clear errors", "[backend]") {

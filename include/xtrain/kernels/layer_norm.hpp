@@ -147,40 +147,47 @@ void backward_row(const S* x, const S* dy, std::size_t n, const float* w, float 
   constexpr std::size_t lanes = R::w;
   const std::size_t full = n / lanes * lanes, tail = n - full;
   const B vm(m), vs(s);
-  // g = dy * w; sums of g and g * xhat. A tail's missing values read as 0, so its g is 0.
+  // g = dy * w; sums of g and g * xhat; dw += dy * xhat, db += dy. A tail's missing values read
+  // as 0, so its g is 0, and its x-hat is taken as 0 (a huge mean could make it infinite).
   B sg(0.0f), sgx(0.0f);
-  auto sums = [&](std::size_t j, const B& xv, const B& dv, std::size_t count) {
-    const B xhat = (xv - vm) * vs;
+  auto sums = [&](const B& xhat, const B& dv, const B& wv, B& dwv, B& dbv) {
+    const B g = Affine ? dv * wv : dv;
     if constexpr (Affine) {
-      alignas(64) float wt[lanes] = {}, dwt[lanes] = {}, dbt[lanes] = {};
-      const bool whole = count == lanes;
-      if (!whole) {
-        std::copy(w + j, w + j + count, wt);
-        std::copy(dw + j, dw + j + count, dwt);
-        std::copy(db + j, db + j + count, dbt);
-      }
-      const B g = dv * (whole ? B::load_unaligned(w + j) : B::load_aligned(wt));
-      const B dwv = xsimd::fma(dv, xhat, whole ? B::load_unaligned(dw + j) : B::load_aligned(dwt));
-      const B dbv = dv + (whole ? B::load_unaligned(db + j) : B::load_aligned(dbt));
-      if (whole) {
-        dwv.store_unaligned(dw + j);
-        dbv.store_unaligned(db + j);
-      } else {
-        dwv.store_aligned(dwt);
-        dbv.store_aligned(dbt);
-        std::copy(dwt, dwt + count, dw + j);
-        std::copy(dbt, dbt + count, db + j);
-      }
-      sg += g;
-      sgx = xsimd::fma(g, xhat, sgx);
-    } else {
-      sg += dv;
-      sgx = xsimd::fma(dv, xhat, sgx);
+      dwv = xsimd::fma(dv, xhat, dwv);
+      dbv = dv + dbv;
     }
+    sg += g;
+    sgx = xsimd::fma(g, xhat, sgx);
   };
-  std::size_t i = 0;
-  for (; i < full; i += lanes) sums(i, R::load(x + i), R::load(dy + i), lanes);
-  if (tail) sums(full, R::load(x + full, tail), R::load(dy + full, tail), tail);
+  for (std::size_t i = 0; i < full; i += lanes) {
+    B dwv(0.0f), dbv(0.0f);
+    if constexpr (Affine) {
+      dwv = B::load_unaligned(dw + i);
+      dbv = B::load_unaligned(db + i);
+    }
+    sums((R::load(x + i) - vm) * vs, R::load(dy + i), Affine ? B::load_unaligned(w + i) : B(1.0f), dwv, dbv);
+    if constexpr (Affine) {
+      dwv.store_unaligned(dw + i);
+      dbv.store_unaligned(db + i);
+    }
+  }
+  alignas(64) float wt[lanes] = {}, dwt[lanes] = {}, dbt[lanes] = {};
+  if (tail) {
+    if constexpr (Affine) {
+      std::copy(w + full, w + n, wt);
+      std::copy(dw + full, dw + n, dwt);
+      std::copy(db + full, db + n, dbt);
+    }
+    B dwv = B::load_aligned(dwt), dbv = B::load_aligned(dbt);
+    const B xhat = xsimd::select(R::first(tail), (R::load(x + full, tail) - vm) * vs, B(0.0f));
+    sums(xhat, R::load(dy + full, tail), B::load_aligned(wt), dwv, dbv);
+    if constexpr (Affine) {
+      dwv.store_aligned(dwt);
+      dbv.store_aligned(dbt);
+      std::copy(dwt, dwt + tail, dw + full);
+      std::copy(dbt, dbt + tail, db + full);
+    }
+  }
   const float inv_n = 1.0f / static_cast<float>(n);
   const B mg(simd::horizontal_sum(sg) * inv_n), mgx(simd::horizontal_sum(sgx) * inv_n);
   // dx = s * (g - mean(g) - xhat * mean(g * xhat))
@@ -189,13 +196,9 @@ void backward_row(const S* x, const S* dy, std::size_t n, const float* w, float 
     const B g = Affine ? dv * wv : dv;
     return vs * (g - mg - xhat * mgx);
   };
-  for (i = 0; i < full; i += lanes)
+  for (std::size_t i = 0; i < full; i += lanes)
     R::store(dx + i, dx_of(R::load(x + i), R::load(dy + i), Affine ? B::load_unaligned(w + i) : B(1.0f)));
-  if (tail) {
-    alignas(64) float wt[lanes] = {};
-    if constexpr (Affine) std::copy(w + full, w + n, wt);
-    R::store(dx + full, dx_of(R::load(x + full, tail), R::load(dy + full, tail), B::load_aligned(wt)), tail);
-  }
+  if (tail) R::store(dx + full, dx_of(R::load(x + full, tail), R::load(dy + full, tail), B::load_aligned(wt)), tail);
 }
 }  // namespace detail::ln
 

@@ -1,7 +1,7 @@
 #pragma once
 /// \file reference/attention.hpp
-/// Scalar twin of kernels/attention.hpp: causal attention and layer normalisation by their
-/// definitions, in double, the probabilities stored whole. Tests compare the kernels against it.
+/// Scalar twin of kernels/attention.hpp: causal attention by its definition, in double, the
+/// probabilities stored whole. Tests compare the kernels against it.
 
 #include <algorithm>
 #include <cmath>
