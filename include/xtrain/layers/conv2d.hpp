@@ -20,13 +20,13 @@
 ///   depend on the thread count. No column matrix: the automatic choice for few output channels
 ///   (direct_max_outputs), where im2col's data movement costs more than its GEMM. The weight
 ///   gradient is vectorised over the output channels where they fill a register or two.
-/// - image_lanes (stride 1, dilation 1, 3 x 3 or 5 x 5 kernels): kernels/conv_lanes.hpp through
-///   layers/conv2d_lanes.hpp, 16
-///   images at once (AVX-512), one per SIMD lane, so no lane is idle whatever the channel counts;
-///   in bf16 with AVX512_BF16 the products are bf16 (vdpbf16ps on channel or column pairs). The
-///   automatic choice for "same" padding (fp32) or two or more input channels per group (bf16
-///   products) when the batch fills the lanes (image_lanes_fills). Each group of 16 images
-///   writes its own weight-gradient partial, added in order: thread-count invariant.
+/// - image_lanes (stride 1, dilation 1, 3 x 3 or 5 x 5 kernels): kernels/conv_lanes.hpp, driven
+///   by layers/conv2d_lanes.hpp, 16 images at once (AVX-512), one per SIMD lane, so no lane is
+///   idle whatever the channel counts; in bf16 with AVX512_BF16 the products are bf16 (vdpbf16ps
+///   on channel or column pairs). The automatic choice for "same" padding (fp32) or two or more
+///   input channels per group (bf16 products) when the batch fills the lanes
+///   (image_lanes_fills). Each group of 16 images writes its own weight-gradient partial, added
+///   in order: thread-count invariant.
 
 #include <algorithm>
 #include <cmath>
