@@ -391,30 +391,5 @@ inline double plane_sum(const float* x, std::size_t n) noexcept {
   for (; i < n; ++i) s += x[i];
   return s;
 }
-/// Sum of (x - mean)^2 over a plane, as plane_sum.
-inline double plane_sq_dev(const float* x, std::size_t n, float mean) noexcept {
-  float lanes[16] = {};
-  std::size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (std::size_t j = 0; j < 16; ++j) {
-      const float d = x[i + j] - mean;
-      lanes[j] += d * d;
-    }
-  double s = 0.0;
-  for (float l : lanes) s += l;
-  for (; i < n; ++i) s += static_cast<double>(x[i] - mean) * (x[i] - mean);
-  return s;
-}
-/// Sum of a[i] * b[i] over a plane, as plane_sum.
-inline double plane_dot(const float* a, const float* b, std::size_t n) noexcept {
-  float lanes[16] = {};
-  std::size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (std::size_t j = 0; j < 16; ++j) lanes[j] += a[i + j] * b[i + j];
-  double s = 0.0;
-  for (float l : lanes) s += l;
-  for (; i < n; ++i) s += static_cast<double>(a[i]) * b[i];
-  return s;
-}
 
 }  // namespace xtrain::kernels
