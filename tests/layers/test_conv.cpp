@@ -106,15 +106,20 @@ TEST_CASE("Pooling, BatchNorm2d and BasicBlock match PyTorch", "[conv][parity]")
   }
 }
 
-TEST_CASE("Conv2d picks image_lanes for same-padded 3x3 and 5x5 kernels, direct for few output channels", "[conv]") {
+TEST_CASE("Conv2d picks image_lanes for 3x3 and 5x5 kernels with same or no padding, direct for few outputs",
+          "[conv]") {
   using Algorithm = nn::Conv2d::Algorithm;
   constexpr std::size_t L = simd::lanes<>;
   constexpr bool pairs = nn::Conv2d::image_lanes_bf16_products<bf16>;  // bf16 products (AVX512_BF16)
   constexpr bool avx512 = L >= 16;  // the automatic choice takes image_lanes with AVX-512 only
   const Algorithm lanes_or_im2col = avx512 ? Algorithm::image_lanes : Algorithm::im2col;
   CHECK(nn::Conv2d(1, 6, 5, 1, 2).algorithm() == (avx512 ? Algorithm::image_lanes : Algorithm::direct));  // LeNet
-  CHECK(nn::Conv2d(6, 16, 5).algorithm() == Algorithm::direct);  // no padding: direct in fp32
-  CHECK(nn::Conv2d(6, 16, 5).algorithm<bf16>() == (pairs ? Algorithm::image_lanes : Algorithm::direct));
+  // No padding: image_lanes, whose input gradient skips its output gradient's zero frame.
+  CHECK(nn::Conv2d(6, 16, 5).algorithm() == (avx512 ? Algorithm::image_lanes : Algorithm::direct));
+  CHECK(nn::Conv2d(6, 16, 5).algorithm<bf16>() == (avx512 ? Algorithm::image_lanes : Algorithm::direct));
+  // Padding 1 of a 5 x 5 kernel (neither same nor none): direct in fp32.
+  CHECK(nn::Conv2d(6, 16, 5, 1, 1).algorithm() == Algorithm::direct);
+  CHECK(nn::Conv2d(6, 16, 5, 1, 1).algorithm<bf16>() == (pairs ? Algorithm::image_lanes : Algorithm::direct));
   const nn::Conv2d c64(32, 64, 3, 1, 1);
   CHECK(c64.algorithm() == lanes_or_im2col);
   CHECK(c64.algorithm<bf16>() == lanes_or_im2col);

@@ -45,6 +45,9 @@ TEST_CASE("Conv2d equals its scalar twin on odd shapes, with either algorithm", 
       {2, 3, 32, 9, 11, 3, 1, 1, 1, 1, true},             // forward by output channels, two registers
       {2, 2, 24, 7, 13, {3, 5}, 1, {1, 2}, 1, 1, false},  // ... three quarters of two registers, rows of 13
       {2, 4, 32, 6, 6, 3, 1, 1, 1, 2, true},              // ... per group (16 outputs each)
+      {2, 3, 5, 12, 10, 3, 1, 0, 1, 1, true},             // no padding: image_lanes skips dx's frame, rows of 10
+      {17, 2, 3, 9, 10, 5, 1, 0, 1, 1, false},            // ... 5 x 5; 17 images: a second group of one
+      {2, 2, 3, 11, 13, 5, 1, 2, 1, 1, true},             // same 5 x 5, odd rows: a weight tile's unpaired column
   };
   using Algorithm = nn::Conv2d::Algorithm;
   for (const Case& t : cases)
@@ -195,6 +198,24 @@ TEST_CASE("The convolutions' bf16 transposes widen and round exactly as one valu
       REQUIRE(narrow[j * ld_dst + i].bits == src16[i * ld_src + j].bits);
     }
   REQUIRE(wide[rows] == -1.0f);  // nothing past the rows written
+}
+
+TEST_CASE("The convolutions' fp32 transpose moves every value once, ragged edges included", "[conv]") {
+  // 8 x 8 blocks, masked blocks for the last columns and the last rows, and a scalar corner:
+  // 19 x 13 has all of them; 5 x 13 has no full block of rows, 19 x 5 none of columns.
+  for (const auto& [rows, cols] : {std::pair<std::size_t, std::size_t>{19, 13}, {5, 13}, {19, 5}, {16, 24}}) {
+    INFO(rows << " x " << cols);
+    const std::size_t ld_src = cols + 2, ld_dst = rows + 3;
+    std::vector<float> src(rows * ld_src);
+    for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i);
+    std::vector<float> dst(cols * ld_dst, -1.0f);
+    kernels::transpose_convert(src.data(), rows, cols, ld_src, dst.data(), ld_dst);
+    for (std::size_t j = 0; j < cols; ++j)
+      for (std::size_t i = 0; i < ld_dst; ++i) {
+        INFO("destination row " << j << ", column " << i);
+        REQUIRE(dst[j * ld_dst + i] == (i < rows ? src[i * ld_src + j] : -1.0f));  // nothing past the rows
+      }
+  }
 }
 
 TEST_CASE("MaxPool2d's 2 x 2 fast path picks the windows' first maximum, on any thread count", "[conv]") {

@@ -11,7 +11,8 @@
 ///  - x: [c][H + 2 ph][W + 2 pw][L] (frame_input, Frame of the layer's window g);
 ///  - dy: [o][OH + 2 (KH - 1 - ph)][OW + 2 (KW - 1 - pw)][L] (frame_input, Frame of
 ///    input_grad_window(g)): the input gradient is then the forward correlation of dy with the
-///    flipped kernel, and the weight gradient reads dy's real rows;
+///    flipped kernel, and the weight gradient reads dy's real rows; [o][OH][OW][L]
+///    (unframed_output(g)) where only the weight gradient reads it;
 ///  - y: [o][OH][OW][L] and dx: [c][H][W][L], unframed, transposed back by unframe.
 /// Every output is one sum in a fixed order (channels, then kernel rows, then columns; lanes in
 /// order for the weight gradient), the same on any number of threads. Scalar twin:
@@ -21,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "xtrain/kernels/conv.hpp"
 #include "xtrain/kernels/convert.hpp"
@@ -61,6 +63,15 @@ struct Frame {
         left(g.padding.w) {}
 };
 
+/// The window of g's output plane without a frame (the output gradient as the weight gradient
+/// alone reads it: its real rows), for frame_input and a Frame.
+inline Window unframed_output(const Window& g) noexcept {
+  Window d{g.kernel, Size2{1}, Size2{0}, Size2{1}};
+  d.h = d.oh = g.oh;
+  d.w = d.ow = g.ow;
+  return d;
+}
+
 namespace detail {
 
 // out[j * L + lane] = in[lane * image + j] for j < n and the first `count` lanes (images), zero in
@@ -80,11 +91,18 @@ inline void to_lanes(const T* in, std::size_t image, std::size_t count, std::siz
 template <class T>
 void frame_input(const T* x, std::size_t image, std::size_t count, std::size_t channels, const Window& g,
                  const Frame& f, std::size_t lanes, float* out) noexcept {
-  std::fill(out, out + channels * f.in_plane, 0.0f);
-  for (std::size_t c = 0; c < channels; ++c)
-    for (std::size_t r = 0; r < g.h; ++r)
-      detail::to_lanes(x + (c * g.h + r) * g.w, image, count, g.w,
-                       out + c * f.in_plane + ((r + f.top) * f.wf + f.left) * lanes, lanes);
+  const std::size_t row = f.wf * lanes, right = (f.wf - f.left - g.w) * lanes;
+  for (std::size_t c = 0; c < channels; ++c) {
+    float* plane = out + c * f.in_plane;
+    std::fill(plane, plane + f.top * row, 0.0f);  // the frame only: the rows above and below,
+    std::fill(plane + (f.top + g.h) * row, plane + f.hf * row, 0.0f);
+    for (std::size_t r = 0; r < g.h; ++r) {
+      float* at = plane + (r + f.top) * row;
+      std::fill(at, at + f.left * lanes, 0.0f);  // the columns left and right of each real row
+      std::fill(at + (f.left + g.w) * lanes, at + (f.left + g.w) * lanes + right, 0.0f);
+      detail::to_lanes(x + (c * g.h + r) * g.w, image, count, g.w, at + f.left * lanes, lanes);
+    }
+  }
 }
 
 /// The inverse for unframed planes: out[lane * image + j] = in[j * L + lane] for j < n per plane,
@@ -98,37 +116,51 @@ void unframe(const float* in, std::size_t planes, std::size_t n, std::size_t cou
 namespace detail {
 
 // P consecutive outputs of one row of output plane o: acc[p] = bias + sum over c, ki, kj of
-// w[o][c][ki][kj] * x[c][r + ki][q0 + p + kj] (every lane an image).
-template <std::size_t P, class Arch>
+// w[o][c][ki][kj] * x[c][r + ki][q0 + p + kj] (every lane an image), x pointing at (r, q0).
+// Kernel rows [ki_begin, ki_end) are those that meet real input rows; the others would add the
+// frame's zeros. Each of the tile's P + KW - 1 source columns is loaded once and meets the
+// outputs it reaches, in the order of kj, so every output sums c, then ki, then kj. Edge > 0: the
+// tile is a whole row whose first and last Edge source columns are the frame's zeros, skipped.
+template <std::size_t P, std::size_t KW, std::size_t Edge, class Arch>
 inline void forward_tile(const float* x, std::size_t channels, const Frame& f, const float* w, std::size_t kh,
-                         std::size_t kw, float bias, float* out) noexcept {
+                         std::size_t ki_begin, std::size_t ki_end, float bias, float* out) noexcept {
   using B = simd::batch<float, Arch>;
-  constexpr std::size_t L = B::size;
+  constexpr std::size_t L = B::size, S = P + KW - 1;
   B acc[P];
 #pragma GCC unroll 16
   for (std::size_t p = 0; p < P; ++p) acc[p] = B(bias);
   for (std::size_t c = 0; c < channels; ++c)
-    for (std::size_t ki = 0; ki < kh; ++ki) {
+    for (std::size_t ki = ki_begin; ki < ki_end; ++ki) {
       const float* xr = x + c * f.in_plane + ki * f.wf * L;
-      const float* wr = w + (c * kh + ki) * kw;
-      for (std::size_t kj = 0; kj < kw; ++kj) {
-        const B wv(wr[kj]);
-#pragma GCC unroll 16
-        for (std::size_t p = 0; p < P; ++p) acc[p] = xsimd::fma(wv, B::load_aligned(xr + (p + kj) * L), acc[p]);
+      const float* wr = w + (c * kh + ki) * KW;
+      B wv[KW];
+#pragma GCC unroll 8
+      for (std::size_t kj = 0; kj < KW; ++kj) wv[kj] = B(wr[kj]);
+#pragma GCC unroll 32
+      for (std::size_t s = Edge; s < S - Edge; ++s) {
+        B xv = B::load_aligned(xr + s * L);
+        simd::keep_in_register(xv);  // one load for its KW multiply-adds, not one each
+#pragma GCC unroll 8
+        for (std::size_t kj = 0; kj < KW; ++kj)
+          if (s >= kj && s - kj < P) acc[s - kj] = xsimd::fma(wv[kj], xv, acc[s - kj]);
       }
     }
 #pragma GCC unroll 16
   for (std::size_t p = 0; p < P; ++p) acc[p].store_aligned(out + p * L);
 }
 
-// Calls tile.template operator()<P>() for tiles of P = Full, 8, 4, 2 or 1 consecutive outputs
-// until `count` are done; the tile advances its own pointers.
+// Calls tile.template operator()<P>() for tiles of P = Full, 10, 8, 4, 2 or 1 consecutive
+// outputs until `count` are done (10: LeNet's 10-wide planes in one tile); the tile advances its
+// own pointers.
 template <std::size_t Full, class Tile>
 inline void for_each_tile(std::size_t count, Tile&& tile) {
   for (std::size_t left = count; left > 0;) {
     if (left >= Full) {
       tile.template operator()<Full>();
       left -= Full;
+    } else if (left == 10) {
+      tile.template operator()<10>();
+      left -= 10;
     } else if (left >= 8) {
       tile.template operator()<8>();
       left -= 8;
@@ -145,18 +177,40 @@ inline void for_each_tile(std::size_t count, Tile&& tile) {
   }
 }
 
-template <std::size_t Full, class Arch>
-void forward_row(const float* x, std::size_t channels, const Frame& f, const float* w, std::size_t kh, std::size_t kw,
+// The kernel rows [begin, end) that meet real rows of framed input (not the frame's zeros) for
+// output row r.
+inline std::pair<std::size_t, std::size_t> real_kernel_rows(const Frame& f, std::size_t kh, std::size_t r) noexcept {
+  const std::size_t real_begin = f.top, real_end = f.hf - f.top;
+  return {real_begin > r ? real_begin - r : 0, std::min(kh, real_end > r ? real_end - r : 0)};
+}
+
+// One output row r of a plane: the kernel rows that meet real input rows, in tiles of the row
+// (a whole row of 10 or 14 framed by KW - 1 zero columns on each side skips those: the input
+// gradient of an unpadded layer).
+template <std::size_t Full, std::size_t KW, class Arch>
+void forward_row(const float* x, std::size_t channels, const Frame& f, const float* w, std::size_t kh, std::size_t r,
                  float bias, float* out, std::size_t count) noexcept {
   constexpr std::size_t L = simd::lanes<Arch>;
+  const std::pair<std::size_t, std::size_t> rows = real_kernel_rows(f, kh, r);
+  const std::size_t ki_begin = rows.first, ki_end = rows.second;  // (clang 14: no bindings in lambdas)
+  x += r * f.wf * L;
+  const bool framed = f.left == KW - 1;
   for_each_tile<Full>(count, [&]<std::size_t P>() {
-    forward_tile<P, Arch>(x, channels, f, w, kh, kw, bias, out);
+    if constexpr (P >= 10)
+      if (framed && P == count) {
+        forward_tile<P, KW, KW - 1, Arch>(x, channels, f, w, kh, ki_begin, ki_end, bias, out);
+        return;
+      }
+    forward_tile<P, KW, 0, Arch>(x, channels, f, w, kh, ki_begin, ki_end, bias, out);
     x += P * L;
     out += P * L;
   });
 }
 
 // dw[ki][kj] sums of plane o and channel c over the output positions, lanes summed at the end.
+// Output columns go in pairs (q, q + 1) where the row has them: each x vector of a kernel row is
+// loaded once for both and kept in a register (KW + 1 loads for 2 KW multiply-adds, not 2 KW),
+// and meets dy[q] before dy[q + 1], so every sum keeps the order of the output positions.
 template <std::size_t KH, std::size_t KW, class Arch>
 inline void weight_tile(const float* dy, const Frame& fd, const float* x, const Frame& fx, const Window& g,
                         float* sums) noexcept {
@@ -170,18 +224,23 @@ inline void weight_tile(const float* dy, const Frame& fd, const float* x, const 
   for (std::size_t r = 0; r < g.oh; ++r) {
     const float* d = dy + ((r + fd.top) * fd.wf + fd.left) * L;
     const float* xr = x + r * fx.wf * L;
-    for (std::size_t q = 0; q < g.ow; ++q) {
-      B dv = B::load_aligned(d + q * L);
-      simd::keep_in_register(dv);
+    for (std::size_t q = 0; q < g.ow; q += 2) {
+      // An odd last column pairs with zeros, which skip the column past the row.
+      const bool pair = q + 1 < g.ow;
+      B d0 = B::load_aligned(d + q * L), d1 = pair ? B::load_aligned(d + (q + 1) * L) : B(0.0f);
+      simd::keep_in_register(d0);
+      simd::keep_in_register(d1);
       const float* xq = xr + q * L;
-      // 5 x 5: each x vector loaded by its FMA, none carried to the next q in registers (25
-      // accumulators leave too few); 3 x 3 gains from the carried ones (measured).
-      if constexpr (KH * KW > 16) simd::opaque(xq);
 #pragma GCC unroll 8
       for (std::size_t i = 0; i < KH; ++i)
 #pragma GCC unroll 8
-        for (std::size_t j = 0; j < KW; ++j)
-          acc[i][j] = xsimd::fma(dv, B::load_aligned(xq + (i * fx.wf + j) * L), acc[i][j]);
+        for (std::size_t s = 0; s <= KW; ++s) {
+          if (s == KW && !pair) break;
+          B xv = B::load_aligned(xq + (i * fx.wf + s) * L);
+          simd::keep_in_register(xv);
+          if (s < KW) acc[i][s] = xsimd::fma(d0, xv, acc[i][s]);
+          if (s >= 1) acc[i][s - 1] = xsimd::fma(d1, xv, acc[i][s - 1]);
+        }
     }
   }
 #pragma GCC unroll 8
@@ -200,14 +259,21 @@ void forward(const float* x, std::size_t channels, const float* w, const float* 
   constexpr std::size_t L = simd::lanes<Arch>, full = L >= 16 ? 14 : 12;
   const std::size_t taps = g.kernel.h * g.kernel.w;
   for (std::size_t o = 0; o < outs; ++o)
-    for (std::size_t r = 0; r < g.oh; ++r)
-      detail::forward_row<full, Arch>(x + r * f.wf * L, channels, f, w + o * channels * taps, g.kernel.h, g.kernel.w,
-                                      bias ? bias[o] : 0.0f, y + (o * g.oh + r) * g.ow * L, g.ow);
+    for (std::size_t r = 0; r < g.oh; ++r) {
+      const float* wo = w + o * channels * taps;
+      float* out = y + (o * g.oh + r) * g.ow * L;
+      const float b = bias ? bias[o] : 0.0f;
+      if (g.kernel.w == 5)
+        detail::forward_row<full, 5, Arch>(x, channels, f, wo, g.kernel.h, r, b, out, g.ow);
+      else
+        detail::forward_row<full, 3, Arch>(x, channels, f, wo, g.kernel.h, r, b, out, g.ow);
+    }
 }
 
 /// dw[o][c][ki][kj] = the sum over the lanes' images and the output positions of dy[o] * x[c]
 /// shifted by (ki, kj), written (not added) for `outs` x `channels` kernels; x framed for g
-/// (frame_input, Frame fx), dy for input_grad_window(g) (Frame fd).
+/// (frame_input, Frame fx), dy as Frame fd says: framed for input_grad_window(g), or not at all
+/// (unframed_output(g)) when no input gradient needs it.
 template <class Arch = simd::default_arch>
 void weight_grad(const float* dy, const Frame& fd, std::size_t outs, const float* x, const Frame& fx,
                  std::size_t channels, const Window& g, float* dw) noexcept {
@@ -349,15 +415,17 @@ inline void pack_weights(const float* w, std::size_t outs, std::size_t channels,
 
 namespace detail {
 
+// As lanes::detail::forward_tile over kernel rows [ki_begin, ki_end), every column.
 template <std::size_t P>
 inline void forward_tile(const std::uint32_t* x, std::size_t pairs, const Frame& f, const std::uint32_t* w,
-                         std::size_t kh, std::size_t kw, float bias, float* out) noexcept {
+                         std::size_t kh, std::size_t kw, std::size_t ki_begin, std::size_t ki_end, float bias,
+                         float* out) noexcept {
   constexpr std::size_t L = 16;
   __m512 acc[P];
 #pragma GCC unroll 16
   for (std::size_t p = 0; p < P; ++p) acc[p] = _mm512_set1_ps(bias);
   for (std::size_t k = 0; k < pairs; ++k)
-    for (std::size_t ki = 0; ki < kh; ++ki) {
+    for (std::size_t ki = ki_begin; ki < ki_end; ++ki) {
       const std::uint32_t* xr = x + k * f.in_plane + ki * f.wf * L;
       const std::uint32_t* wr = w + (k * kh + ki) * kw;
       for (std::size_t kj = 0; kj < kw; ++kj) {
@@ -384,8 +452,10 @@ inline void forward(const std::uint32_t* x, std::size_t channels, const std::uin
       const std::uint32_t* xr = x + r * f.wf * L;
       float* out = y + (o * g.oh + r) * g.ow * L;
       const float b = bias ? bias[o] : 0.0f;
+      const std::pair<std::size_t, std::size_t> rows = lanes::detail::real_kernel_rows(f, g.kernel.h, r);
+      const std::size_t ki_begin = rows.first, ki_end = rows.second;  // (clang 14: no bindings in lambdas)
       lanes::detail::for_each_tile<14>(g.ow, [&]<std::size_t P>() {
-        detail::forward_tile<P>(xr, cp, f, w + o * cp * taps, g.kernel.h, g.kernel.w, b, out);
+        detail::forward_tile<P>(xr, cp, f, w + o * cp * taps, g.kernel.h, g.kernel.w, ki_begin, ki_end, b, out);
         xr += P * L;
         out += P * L;
       });

@@ -23,8 +23,8 @@
 /// - image_lanes (stride 1, dilation 1, 3 x 3 or 5 x 5 kernels): kernels/conv_lanes.hpp, driven
 ///   by layers/conv2d_lanes.hpp, 16 images at once (AVX-512), one per SIMD lane, so no lane is
 ///   idle whatever the channel counts; in bf16 with AVX512_BF16 the products are bf16 (vdpbf16ps
-///   on channel or column pairs). The automatic choice for "same" padding (fp32) or two or more
-///   input channels per group (bf16 products) when the batch fills the lanes
+///   on channel or column pairs). The automatic choice for "same" padding or none (fp32) or two or
+///   more input channels per group (bf16 products) when the batch fills the lanes
 ///   (image_lanes_fills). Each group of 16 images writes its own weight-gradient partial, added
 ///   in order: thread-count invariant.
 
@@ -61,9 +61,9 @@ class Conv2d {
  public:
   /// How the layer computes: `automatic` (the default) picks `image_lanes` with AVX-512 for
   /// stride 1, dilation 1, a 3 x 3 or 5 x 5 kernel and a batch that fills the SIMD registers' lanes
-  /// (image_lanes_fills), with "same" padding or, with bf16 products (image_lanes_bf16_products),
-  /// two or more input channels per group; then `direct` for stride 1, dilation 1
-  /// and few output channels per group (direct_max_outputs); `im2col` otherwise:
+  /// (image_lanes_fills), with "same" padding or none or, with bf16 products
+  /// (image_lanes_bf16_products), two or more input channels per group; then `direct` for stride
+  /// 1, dilation 1 and few output channels per group (direct_max_outputs); `im2col` otherwise:
   ///  - `im2col`: the patches unrolled into columns and one GEMM per product (kernels/conv.hpp);
   ///  - `direct`: a direct convolution vectorised over an image's positions or output channels
   ///    (kernels/conv_direct.hpp);
@@ -125,12 +125,14 @@ class Conv2d {
   template <ActivationType T = float>
   Algorithm algorithm(std::size_t batch = 64) const noexcept {
     if (algorithm_ != Algorithm::automatic) return algorithm_;
-    // "Same" padding (otherwise the input gradient's frame is mostly zeros), or bf16 products with
-    // pairs of input channels to fill.
+    // "Same" padding or none (the kernels skip the zero frame of the input gradient's output
+    // gradient then; other paddings would multiply part of it), or bf16 products with pairs of
+    // input channels to fill.
     const bool same =
         window_.padding.h == (window_.kernel.h - 1) / 2 && window_.padding.w == (window_.kernel.w - 1) / 2;
+    const bool valid = window_.padding == Size2{0};
     // Measured with AVX-512 only: with 8 or 4 lanes (16 registers) the 5 x 5 weight tile spills.
-    const bool shape_fits = same || (image_lanes_bf16_products<T> && in_ / groups_ >= 2);
+    const bool shape_fits = same || valid || (image_lanes_bf16_products<T> && in_ / groups_ >= 2);
     if (simd::lanes<> >= 16 && kernels::lanes::supports(window_) && shape_fits && image_lanes_fills(batch))
       return Algorithm::image_lanes;
     return kernels::direct::supports(window_) && out_ / groups_ <= direct_max_outputs<T> ? Algorithm::direct

@@ -171,11 +171,14 @@ class ImageLanes {
       return;
     }
 #endif
-    float* dyf = ws.get<float>(backend::Workspace::Slot::words_b, og * fd.in_plane + cg * fx.in_plane);
-    float* xf = dyf + og * fd.in_plane;
-    kernels::lanes::frame_input(dyg, dy_image, count, og, gd, fd, L, dyf);
+    // dy framed for the input gradient, or as it is when only the weight gradient reads it.
+    const kernels::Window gw = dx ? gd : kernels::lanes::unframed_output(win);
+    const kernels::lanes::Frame fw(gw, L);
+    float* dyf = ws.get<float>(backend::Workspace::Slot::words_b, og * fw.in_plane + cg * fx.in_plane);
+    float* xf = dyf + og * fw.in_plane;
+    kernels::lanes::frame_input(dyg, dy_image, count, og, gw, fw, L, dyf);
     kernels::lanes::frame_input(xg, x_image, count, cg, win, fx, L, xf);
-    kernels::lanes::weight_grad(dyf, fd, og, xf, fx, cg, win, dw);
+    kernels::lanes::weight_grad(dyf, fw, og, xf, fx, cg, win, dw);
     if (!dx) return;
     kernels::lanes::forward(dyf, og, flipped_g, nullptr, cg, gd, fd, dxt);
     kernels::lanes::unframe(dxt, cg, in_plane, count, L, dxg, x_image);
