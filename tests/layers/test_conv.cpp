@@ -392,6 +392,61 @@ TEMPLATE_TEST_CASE("Sequential runs a ReLU after BatchNorm inside it: the same v
   REQUIRE(std::any_of(yt.data(), yt.data() + yt.size(), [](float v) { return v < 0.0f; }));
 }
 
+TEMPLATE_TEST_CASE("Sequential lets a MaxPool2d take the ReLU before it: the same values as the two layers", "[conv]",
+                   float, bf16, fp16) {
+  // 2 x 2 windows (the AVX-512 path) on even and odd planes (a row and a column past the last
+  // window), and 3 x 3 / 2 windows with padding (the general loop). The ReLU comes first, so its
+  // skipped backward hands the pool's gradient out as the Sequential's.
+  struct Case {
+    Shape shape;
+    nn::MaxPool2d pool;
+  };
+  for (const Case& c : {Case{{3, 4, 10, 14}, nn::MaxPool2d{2}}, Case{{2, 3, 7, 9}, nn::MaxPool2d{2}},
+                        Case{{2, 3, 9, 11}, nn::MaxPool2d{3, 2, 1}}}) {
+    INFO("input " << c.shape.str() << " " << c.pool.describe());
+    const Matrix x32 = random_tensor(c.shape, 41);
+    Tensor<TestType> x(c.shape);
+    kernels::from_float(x32.data(), x.data(), x.size());
+    nn::Sequential fused{nn::ReLU{}, c.pool};
+    nn::ReLU relu;
+    nn::MaxPool2d pool = c.pool;
+    Context ctx;
+    const Tensor<TestType> y = fused.forward(ctx, x);
+    REQUIRE(fused.template get<1>().relu_input_applied());
+    const Tensor<TestType>& expected = pool.forward(ctx, relu.forward(ctx, x));
+    REQUIRE(!pool.relu_input_applied());
+    REQUIRE(same_values(y, expected));
+    const Matrix dy32 = random_tensor(y.shape(), 42);
+    Tensor<TestType> dy(y.shape());
+    kernels::from_float(dy32.data(), dy.data(), dy.size());
+    const Tensor<TestType>& dx = fused.backward(ctx, dy);
+    REQUIRE(same_values(dx, relu.backward(ctx, pool.backward(ctx, dy))));
+    // Some windows are all negative: their gradient is zero, where the pool alone would pass it.
+    REQUIRE(std::count_if(y.data(), y.data() + y.size(), [](TestType v) { return kernels::widen(v) == 0.0f; }) > 0);
+  }
+  // LeNet's order, Conv2d-ReLU-MaxPool2d, trains as the three layers do; a ReLU replaced by tanh
+  // is not taken.
+  Context ctx;
+  set_seed(3);
+  nn::Sequential lenet{nn::Conv2d{2, 3, 3}, nn::ReLU{}, nn::MaxPool2d{2}};
+  set_seed(3);
+  nn::Conv2d conv{2, 3, 3};
+  nn::ReLU relu;
+  nn::MaxPool2d pool{2};
+  const Matrix image = random_tensor({2, 2, 8, 8}, 43);
+  REQUIRE(same_values(lenet.forward(ctx, image), pool.forward(ctx, relu.forward(ctx, conv.forward(ctx, image)))));
+  const Matrix dimage = random_tensor({2, 3, 3, 3}, 44);
+  lenet.backward(ctx, dimage);
+  conv.backward(ctx, relu.backward(ctx, pool.backward(ctx, dimage)));
+  for (std::size_t i = 0; i < conv.weight().size(); ++i)
+    REQUIRE(lenet.get<0>().weight().grads()[i] == conv.weight().grads()[i]);
+  nn::Sequential replaced{nn::Activation(nn::ActivationKind::relu), nn::MaxPool2d{2}};
+  replaced.get<0>() = nn::Activation(nn::ActivationKind::tanh);
+  const Matrix& yt = replaced.forward(ctx, image);
+  REQUIRE(!replaced.get<1>().relu_input_applied());
+  REQUIRE(std::any_of(yt.data(), yt.data() + yt.size(), [](float v) { return v < 0.0f; }));
+}
+
 TEST_CASE("Pooling and BatchNorm2d edge cases: NaN, windows in the padding, an empty batch", "[conv]") {
   Context ctx;
   const float nan = std::numeric_limits<float>::quiet_NaN();

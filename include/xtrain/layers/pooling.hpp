@@ -153,9 +153,10 @@ inline bool max_pool_pairs(const float* r0, std::size_t w, std::size_t ow, std::
 
 #if defined(__AVX512F__)
 /// The gradient of max_pool_pairs for one pair of rows: dx's two rows (2 ow values each) get dy[q]
-/// where arg[q] points and 0 elsewhere (the windows do not overlap: a store, not a sum).
+/// where arg[q] points and 0 elsewhere (the windows do not overlap: a store, not a sum). With
+/// `pooled` (not null), dy[q] only where pooled[q] > 0 (a ReLU before the pool, MaxPool2d::relu_input).
 inline void max_unpool_pairs(const float* dy, const std::int32_t* arg, std::size_t w, std::size_t ow, std::int32_t base,
-                             float* dx0) noexcept {
+                             const float* pooled, float* dx0) noexcept {
   const __m512i lane2 = _mm512_slli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 1);
   const __m512i lo_idx = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const __m512i hi_idx = _mm512_add_epi32(lo_idx, _mm512_set1_epi32(8));
@@ -166,7 +167,10 @@ inline void max_unpool_pairs(const float* dy, const std::int32_t* arg, std::size
     const auto m = static_cast<__mmask16>((1u << n) - 1);
     const auto m_lo = static_cast<__mmask16>(out >= 16 ? 0xffffu : (1u << out) - 1);
     const auto m_hi = static_cast<__mmask16>(out > 16 ? (1u << (out - 16)) - 1 : 0u);
-    const __m512 g = _mm512_maskz_loadu_ps(m, dy + q0);
+    __m512 g = _mm512_maskz_loadu_ps(m, dy + q0);
+    if (pooled)
+      g = _mm512_maskz_mov_ps(
+          _mm512_cmp_ps_mask(_mm512_maskz_loadu_ps(m, pooled + q0), _mm512_setzero_ps(), _CMP_GT_OQ), g);
     const __m512i at = _mm512_maskz_loadu_epi32(m, arg + q0);
     const __m512i i = _mm512_add_epi32(_mm512_set1_epi32(base + 2 * static_cast<std::int32_t>(q0)), lane2);
     const __m512 a = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(at, i), g);
@@ -203,6 +207,19 @@ class MaxPool2d {
     detail::check_window(window_, *this);
   }
 
+  /// Whether the next forward applies a ReLU to its input first (Sequential sets it for a ReLU
+  /// followed by this pool, which it then skips): the pool takes the maxima of x and applies
+  /// max(y, 0) to them, the same values as pooling relu(x), and its backward passes the gradient
+  /// only where that maximum is positive, as the ReLU's backward would. Bitwise the values of the
+  /// two layers, with a quarter of the ReLU's passes (2 x 2 windows) and none over x.
+  MaxPool2d& relu_input(bool on) noexcept {
+    relu_input_ = on;
+    return *this;
+  }
+  bool relu_input() const noexcept { return relu_input_; }
+  /// Whether the last forward applied the ReLU before the pool (relu_input).
+  bool relu_input_applied() const noexcept { return relu_applied_; }
+
   /// Planes split over the backend's threads (each plane's outputs computed as on one thread).
   template <ActivationType T>
   const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
@@ -213,10 +230,16 @@ class MaxPool2d {
     argmax_.resize(y.shape());
     const float* px = wide_.input(x);
     float* py = wide_.output(y);
+    const bool relu = relu_input_;
     backend::parallel_for(ctx.executor, planes, grain(in), 1, [&](std::size_t p0, std::size_t p1) {
-      for (std::size_t p = p0; p < p1; ++p) pool_plane(px + p * in, py + p * out, argmax_.data() + p * out);
+      for (std::size_t p = p0; p < p1; ++p) {
+        pool_plane(px + p * in, py + p * out, argmax_.data() + p * out);
+        if (relu)  // std::max keeps a NaN (first argument), as the ReLU layer does
+          for (float* v = py + p * out; v != py + (p + 1) * out; ++v) *v = std::max(*v, 0.0f);
+      }
     });
     wide_.finish(y);
+    relu_applied_ = relu;
     x_ = &x;
     x_type_ = activation_type_index<T>;
     in_shape_ = x.shape();
@@ -233,23 +256,26 @@ class MaxPool2d {
     float* pdx = wide_.output(dx);
     const std::size_t planes = in_shape_[0] * in_shape_[1], in = window_.in_plane(), out = window_.out_plane();
     [[maybe_unused]] const kernels::Window& g = window_;
+    // A ReLU before the pool: the gradient passes where the pooled value is positive.
+    const float* pooled = relu_applied_ ? pooled_values<T>() : nullptr;
     backend::parallel_for(ctx.executor, planes, grain(in), 1, [&](std::size_t p0, std::size_t p1) {
       for (std::size_t p = p0; p < p1; ++p) {
         const std::int32_t* ap = argmax_.data() + p * out;
         float* dp = pdx + p * in;
         const float* gp = pd + p * out;
+        const float* vp = pooled ? pooled + p * out : nullptr;
 #if defined(__AVX512F__)
         if (pairs()) {  // every window's four gradients stored at once; the rest of the plane zero
           if (g.w % 2 || g.h % 2) std::fill(dp, dp + in, 0.0f);
           for (std::size_t r = 0; r < g.oh; ++r)
             detail::max_unpool_pairs(gp + r * g.ow, ap + r * g.ow, g.w, g.ow, static_cast<std::int32_t>(2 * r * g.w),
-                                     dp + 2 * r * g.w);
+                                     vp ? vp + r * g.ow : nullptr, dp + 2 * r * g.w);
           continue;
         }
 #endif
         std::fill(dp, dp + in, 0.0f);
         for (std::size_t i = 0; i < out; ++i)
-          if (ap[i] >= 0) dp[ap[i]] += gp[i];  // -1: a (dilated) window entirely in the padding
+          if (ap[i] >= 0 && (!vp || vp[i] > 0.0f)) dp[ap[i]] += gp[i];  // -1: a (dilated) window in the padding
       }
     });
     wide_.finish(dx);
@@ -312,13 +338,28 @@ class MaxPool2d {
     }
   }
 
+  // The last forward's outputs (after the ReLU) as fp32: y itself, or widened.
+  template <class T>
+  const float* pooled_values() {
+    const Tensor<T>& y = y_.get<T>();
+    if constexpr (std::is_same_v<T, float>) {
+      return y.data();
+    } else {
+      pooled32_.resize(y.size());
+      kernels::to_float(y.data(), pooled32_.data(), y.size());
+      return pooled32_.data();
+    }
+  }
+
   kernels::Window window_;
   const void* x_ = nullptr;
   int x_type_ = 0;
+  bool relu_input_ = false, relu_applied_ = false;
   Shape in_shape_;
   Tensor<std::int32_t> argmax_;  // index in its input plane of each output's maximum
   ActivationBuffers y_, dx_;
   detail::Widened wide_;
+  std::vector<float, memory::Allocator<float>> pooled32_;  // bf16/fp16 with relu_input: the outputs widened
 };
 
 class AvgPool2d {

@@ -171,12 +171,33 @@ class Sequential {
     if constexpr (fusable<I>()) get<I>().fuse_relu(get<I + 1>().is_relu());
   }
 
+  // Whether module I can take the ReLU before it (MaxPool2d::relu_input): a ReLU followed by a
+  // max pool then runs as the pool alone, which applies max(y, 0) to its maxima and masks its
+  // gradient, the same values, and this container skips the ReLU whenever the pool says it did
+  // (relu_input_applied). A ReLU already fused into the module before it is not taken again.
+  template <std::size_t I>
+  static constexpr bool takes_relu() {
+    if constexpr (I > 0 && I < count)
+      return requires(unnamed_t<std::tuple_element_t<I, std::tuple<Layers...>>> & m,
+                      const unnamed_t<std::tuple_element_t<I - 1, std::tuple<Layers...>>>& before) {
+        m.relu_input(true);
+        { m.relu_input_applied() } -> std::convertible_to<bool>;
+        { before.is_relu() } -> std::convertible_to<bool>;
+      };
+    else
+      return false;
+  }
+
+  // Runs modules I... on x; `relu_pending`: module I - 1 is a ReLU that module I takes.
   template <std::size_t I, class T>
-  const Tensor<T>& forward_from(Context& ctx, const Tensor<T>& x) {
+  const Tensor<T>& forward_from(Context& ctx, const Tensor<T>& x, bool relu_pending = false) {
     if constexpr (I == count) {
       return x;
     } else {
       fuse<I>();  // decided at each forward: the next module may have been replaced since
+      if constexpr (takes_relu<I>()) get<I>().relu_input(relu_pending);
+      if constexpr (takes_relu<I + 1>())
+        if (get<I>().is_relu()) return forward_from<I + 1>(ctx, x, true);  // ReLU I: taken by module I + 1
       const Tensor<T>& y = xtrain::forward(ctx, get<I>(), x);
       if constexpr (fusable<I>())
         if (get<I>().relu_applied()) return forward_from<I + 2>(ctx, y);
@@ -190,6 +211,13 @@ class Sequential {
       if constexpr (fusable<I - 1>())
         if (get<I - 1>().relu_applied()) return backward_from<I - 1>(ctx, dy, want_input_grad);  // ReLU I: fused
     }
+    if constexpr (takes_relu<I + 1>())
+      if (get<I + 1>().relu_input_applied()) {  // ReLU I: applied by module I + 1
+        if constexpr (I == 0)
+          return dy;
+        else
+          return backward_from<I - 1>(ctx, dy, want_input_grad);
+      }
     ctx.input_grad = I == 0 ? want_input_grad : true;
     const Tensor<T>& dx = xtrain::backward(ctx, get<I>(), dy);
     if constexpr (I == 0)
