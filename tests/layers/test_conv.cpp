@@ -447,6 +447,66 @@ TEMPLATE_TEST_CASE("Sequential lets a MaxPool2d take the ReLU before it: the sam
   REQUIRE(std::any_of(yt.data(), yt.data() + yt.size(), [](float v) { return v < 0.0f; }));
 }
 
+TEMPLATE_TEST_CASE("Sequential lets an image_lanes Conv2d pool its own output: the same values as the layers", "[conv]",
+                   float, bf16, fp16) {
+  // 40 images: two full groups of 16 lanes and one of 8. The pooled forward runs with AVX-512 and
+  // fp32 activations; elsewhere (16-bit activations, other targets) the layers run one by one.
+  constexpr bool pooled = simd::lanes<> >= 16 && std::is_same_v<TestType, float>;
+  auto check = [](auto make, const Shape& shape, bool expect_pooled) {
+    INFO("input " << shape.str());
+    const Matrix x32 = random_tensor(shape, 51);
+    Tensor<TestType> x(shape);
+    kernels::from_float(x32.data(), x.data(), x.size());
+    set_seed(4);
+    auto fused = make();
+    set_seed(4);
+    auto layers = make();
+    Context ctx;
+    const Tensor<TestType> y = fused.forward(ctx, x);
+    REQUIRE(fused.template get<0>().pool_applied() == expect_pooled);
+    // The same modules run one at a time, each output kept where its module holds it (a Conv2d
+    // reads its input again in backward).
+    constexpr std::size_t size = std::decay_t<decltype(layers)>::size();
+    auto run = [&]<std::size_t I>(auto& self, const Tensor<TestType>& in) -> Tensor<TestType> {
+      const Tensor<TestType>& out = layers.template get<I>().forward(ctx, in);
+      if constexpr (I + 1 < size)
+        return self.template operator()<I + 1>(self, out);
+      else
+        return out;
+    };
+    const Tensor<TestType> expected = run.template operator()<0>(run, x);
+    REQUIRE(!layers.template get<0>().pool_applied());
+    REQUIRE(same_values(y, expected));
+    const Matrix dy32 = random_tensor(y.shape(), 52);
+    Tensor<TestType> dy(y.shape());
+    kernels::from_float(dy32.data(), dy.data(), dy.size());
+    ctx.input_grad = true;
+    const Tensor<TestType> dx = fused.backward(ctx, dy);
+    Tensor<TestType> g = dy;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      constexpr std::size_t n = sizeof...(I);
+      ((g = Tensor<TestType>(layers.template get<n - 1 - I>().backward(ctx, g))), ...);
+    }
+    (std::make_index_sequence<size>{});
+    REQUIRE(same_values(dx, g));
+    auto& a = fused.template get<0>();
+    auto& b = layers.template get<0>();
+    REQUIRE(std::equal(a.weight().grads().begin(), a.weight().grads().end(), b.weight().grads().begin()));
+    REQUIRE(std::equal(a.bias().grads().begin(), a.bias().grads().end(), b.bias().grads().begin()));
+  };
+  // LeNet's first block (same padding, a ReLU between), its second (no padding: the input
+  // gradient's frame skipped), a conv followed by the pool alone, and odd output planes (not pooled
+  // by the conv: the pool runs).
+  check(
+      [] {
+        return nn::Sequential{nn::Conv2d{3, 5, 5, 1, 2}, nn::ReLU{}, nn::MaxPool2d{2}};
+      },
+      {40, 3, 12, 10}, pooled);
+  check([] { return nn::Sequential{nn::Conv2d{4, 6, 5}, nn::ReLU{}, nn::MaxPool2d{2}}; }, {40, 4, 14, 14}, pooled);
+  check([] { return nn::Sequential{nn::Conv2d{2, 3, 3, 1, 1}, nn::MaxPool2d{2}}; }, {40, 2, 8, 6}, pooled);
+  check([] { return nn::Sequential{nn::Conv2d{2, 3, 3, 1, 1}, nn::ReLU{}, nn::MaxPool2d{2}}; }, {40, 2, 9, 9}, false);
+}
+
 TEST_CASE("Pooling and BatchNorm2d edge cases: NaN, windows in the padding, an empty batch", "[conv]") {
   Context ctx;
   const float nan = std::numeric_limits<float>::quiet_NaN();

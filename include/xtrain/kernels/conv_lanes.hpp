@@ -288,6 +288,97 @@ void weight_grad(const float* dy, const Frame& fd, std::size_t outs, const float
     }
 }
 
+/// 2 x 2 / 2 max pooling of `planes` output planes of oh x ow (even) in the lane layout, in place:
+/// y[p][r][q] (the first planes * oh * ow / 4 vectors) = the window's first maximum in PyTorch's
+/// scan order (a NaN taken over, as PyTorch's CPU kernel does), then max(y, 0) when `relu` (a NaN
+/// kept); index[p][r][q][lane] = the maximum's place in its window (row-major 0-3), or 4 where the
+/// ReLU zeroed it (no gradient). Writes never pass the reads: output k reads inputs from 4k on.
+template <class Arch = simd::default_arch>
+void max_pool(float* y, std::size_t planes, std::size_t oh, std::size_t ow, bool relu, std::uint8_t* index) noexcept {
+  using B = simd::batch<float, Arch>;
+  using I = simd::batch<std::int32_t, Arch>;
+  constexpr std::size_t L = B::size;
+  const std::size_t ph = oh / 2, pw = ow / 2;
+  float* out = y;
+  for (std::size_t p = 0; p < planes; ++p)
+    for (std::size_t r = 0; r < ph; ++r)
+      for (std::size_t q = 0; q < pw; ++q) {
+        const float* at = y + ((p * oh + 2 * r) * ow + 2 * q) * L;
+        B best = B::load_aligned(at);
+        I where(0);
+        const float* next[3] = {at + L, at + ow * L, at + (ow + 1) * L};
+        for (std::int32_t k = 0; k < 3; ++k) {
+          const B v = B::load_aligned(next[k]);
+          const auto take = (v > best) || xsimd::isnan(v);  // PyTorch's rule: a NaN takes over
+          best = xsimd::select(take, v, best);
+          where = xsimd::select(xsimd::bool_cast(take), I(k + 1), where);
+        }
+        if (relu) {
+          const auto zero = best <= B(0.0f);  // false for a NaN: kept, with its gradient
+          best = xsimd::select(zero, B(0.0f), best);
+          where = xsimd::select(xsimd::bool_cast(zero), I(4), where);
+        }
+        best.store_aligned(out);
+        alignas(64) std::int32_t w[L];
+        where.store_aligned(w);
+        for (std::size_t i = 0; i < L; ++i) index[i] = static_cast<std::uint8_t>(w[i]);
+        out += L;
+        index += L;
+      }
+}
+
+/// The gradient of max_pool: the output gradient dy of `planes` planes of oh x ow (lane layout
+/// with Frame f, frame zeroed here) gets each pooled gradient dp[p][r][q] at the place `index`
+/// names in its window and 0 at the window's other places (and everywhere for index 4).
+template <class Arch = simd::default_arch>
+void max_unpool(const float* dp, const std::uint8_t* index, std::size_t planes, std::size_t oh, std::size_t ow,
+                const Frame& f, float* dy) noexcept {
+  using B = simd::batch<float, Arch>;
+  using I = simd::batch<std::int32_t, Arch>;
+  constexpr std::size_t L = B::size;
+  const std::size_t ph = oh / 2, pw = ow / 2, row = f.wf * L;
+  for (std::size_t p = 0; p < planes; ++p) {
+    float* plane = dy + p * f.in_plane;
+    std::fill(plane, plane + f.top * row, 0.0f);
+    std::fill(plane + (f.top + oh) * row, plane + f.hf * row, 0.0f);
+    for (std::size_t r = 0; r < oh; ++r) {
+      float* at = plane + (r + f.top) * row;
+      std::fill(at, at + f.left * L, 0.0f);
+      std::fill(at + (f.left + ow) * L, at + row, 0.0f);
+    }
+    for (std::size_t r = 0; r < ph; ++r)
+      for (std::size_t q = 0; q < pw; ++q) {
+        const B g = B::load_aligned(dp);
+        alignas(64) std::int32_t w[L];
+        for (std::size_t i = 0; i < L; ++i) w[i] = index[i];
+        const I where = I::load_aligned(w);
+        float* at = plane + ((2 * r + f.top) * f.wf + f.left + 2 * q) * L;
+        float* to[4] = {at, at + L, at + row, at + row + L};
+        for (std::int32_t k = 0; k < 4; ++k)
+          xsimd::select(xsimd::bool_cast(where == I(k)), g, B(0.0f)).store_aligned(to[k]);
+        dp += L;
+        index += L;
+      }
+  }
+}
+
+/// sums[o] = the sum of plane o of dy (oh x ow, lane layout with Frame f) over its positions and
+/// lanes: per lane in position order, then the lanes. The bias gradient of one group of images.
+template <class Arch = simd::default_arch>
+void plane_sums(const float* dy, const Frame& f, std::size_t planes, std::size_t oh, std::size_t ow,
+                float* sums) noexcept {
+  using B = simd::batch<float, Arch>;
+  constexpr std::size_t L = B::size;
+  for (std::size_t p = 0; p < planes; ++p) {
+    B acc(0.0f);
+    for (std::size_t r = 0; r < oh; ++r) {
+      const float* at = dy + p * f.in_plane + ((r + f.top) * f.wf + f.left) * L;
+      for (std::size_t q = 0; q < ow; ++q) acc += B::load_aligned(at + q * L);
+    }
+    sums[p] = simd::horizontal_sum(acc);
+  }
+}
+
 #if XTRAIN_HAS_AVX512_BF16
 /// bf16 multiply-adds (vdpbf16ps, AVX512_BF16) for bf16 layers, straight from their bf16 planes.
 /// The forward and the input gradient interleave channels 2k and 2k + 1 into one framed plane of

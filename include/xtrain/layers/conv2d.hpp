@@ -25,12 +25,14 @@
 ///   idle whatever the channel counts; in bf16 with AVX512_BF16 the products are bf16 (vdpbf16ps
 ///   on channel or column pairs). The automatic choice for "same" padding or none (fp32) or two or
 ///   more input channels per group (bf16 products) when the batch fills the lanes
-///   (image_lanes_fills). Each group of 16 images writes its own weight-gradient partial, added
-///   in order: thread-count invariant.
+///   (image_lanes_fills). Each group of 16 images writes its own weight-gradient partial (and,
+///   with fp32 products, bias-gradient partial), added in order: thread-count invariant. In fp32
+///   it can also max-pool its output in the lane layout (fuse_max_pool, set by Sequential).
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -139,6 +141,24 @@ class Conv2d {
                                                                                          : Algorithm::im2col;
   }
 
+  /// Whether the next forward also applies a 2 x 2 max pooling of stride 2 (a ReLU first when
+  /// `relu`) to its output, as MaxPool2d(2) after it would: Sequential sets it for Conv2d-MaxPool2d
+  /// and Conv2d-ReLU-MaxPool2d and skips the modules it covers when `pool_applied()` says it did.
+  /// It applies with image_lanes, fp32 activations and output planes of even sizes (otherwise the
+  /// layers run one by one): the convolution's output is pooled while it is
+  /// in the lane layout, so the full-size planes are never transposed back, nor their gradient
+  /// framed. Forward, input gradient and weight gradient are bitwise those of the separate
+  /// layers; the bias gradient is summed per group of images in the lane layout either way.
+  Conv2d& fuse_max_pool(bool on, bool relu = false) noexcept {
+    fuse_pool_ = on;
+    pool_relu_ = relu;
+    return *this;
+  }
+  bool fuse_max_pool() const noexcept { return fuse_pool_; }
+  /// Whether the last forward pooled its output (fuse_max_pool): its output and its backward's
+  /// gradient then have the pooled planes.
+  bool pool_applied() const noexcept { return pool_applied_; }
+
   /// Re-draws W and b as PyTorch's `reset_parameters` does, from `gen`.
   void reset_parameters(Generator& gen) {
     const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in()));
@@ -160,7 +180,11 @@ class Conv2d {
     window_ = geometry;
     const std::size_t n = x.shape(0), plane = window_.out_plane(), og = out_ / groups_, kg = fan_in();
     Tensor<T>& y = y_.get<T>();
-    y.resize({n, out_, window_.oh, window_.ow});
+    pool_applied_ = fuse_pool_ && poolable<T>(n);
+    if (pool_applied_)
+      y.resize({n, out_, window_.oh / 2, window_.ow / 2});
+    else
+      y.resize({n, out_, window_.oh, window_.ow});
     x_ = &x;
     x_type_ = activation_type_index<T>;
     if (algorithm<T>(n) == Algorithm::direct) {
@@ -212,10 +236,12 @@ class Conv2d {
                  activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(x_type_));
     const Tensor<T>& x = *static_cast<const Tensor<T>*>(x_);
     const std::size_t n = x.shape(0), plane = window_.out_plane(), og = out_ / groups_, kg = fan_in();
-    const Shape expected{n, out_, window_.oh, window_.ow};
+    const Shape expected =
+        pool_applied_ ? Shape{n, out_, window_.oh / 2, window_.ow / 2} : Shape{n, out_, window_.oh, window_.ow};
     XTRAIN_CHECK(dy.shape() == expected, ShapeError, describe(), ": gradient has shape ", dy.shape().str(),
-                 ", expected ", expected.str());
-    if (has_bias()) bias_sums(dy, n, plane);
+                 ", expected ", expected.str(), pool_applied_ ? " (the pooled output)" : "");
+    // image_lanes with fp32 products sums the bias gradient in its lane layout (lanes_bias).
+    if (has_bias() && !lanes_bias<T>(n)) bias_sums(dy, n, plane);
     Tensor<T>& dx = dx_.get<T>();
     const bool input_grad = ctx.input_grad;
     float* dx_acc = nullptr;
@@ -371,20 +397,50 @@ class Conv2d {
       kernels::direct::flip_kernel(weight_.data() + g * og * kg, og, cg, window_.kernel, flipped_.data() + g * og * kg);
   }
 
+  // Whether a batch of n images of type T runs image_lanes with fp32 products, which sums the
+  // bias gradient in its lane layout and can pool its output (fuse_max_pool).
+  template <class T>
+  bool lanes_bias(std::size_t n) const noexcept {
+    return algorithm<T>(n) == Algorithm::image_lanes && !image_lanes_bf16_products<T>;
+  }
+  // fp32 activations only: a 16-bit output is rounded before a separate pool compares it, which
+  // can tie two maxima or zero a positive one that fp32 tells apart.
+  template <class T>
+  bool poolable(std::size_t n) const noexcept {
+    return std::is_same_v<T, float> && lanes_bias<T>(n) && window_.oh % 2 == 0 && window_.ow % 2 == 0 &&
+           window_.oh > 0 && window_.ow > 0;
+  }
+
   // Images in groups of one per SIMD lane: layers/conv2d_lanes.hpp.
   template <class T>
   void forward_lanes(Context& ctx, const Tensor<T>& x, Tensor<T>& y) {
-    lanes_.forward(ctx, geometry(), x, weight_.data(), has_bias() ? bias_.data() : nullptr, y);
+    detail::LanesPool pool;
+    if (pool_applied_) {
+      const std::size_t blocks = (x.shape(0) + simd::lanes<> - 1) / simd::lanes<>;
+      pool_index_.resize(blocks * simd::lanes<> * out_ * detail::LanesPool::pooled(window_).out_plane());
+      pool = {pool_relu_, pool_index_.data()};
+    }
+    lanes_.forward(ctx, geometry(), x, weight_.data(), has_bias() ? bias_.data() : nullptr, y,
+                   pool_applied_ ? &pool : nullptr);
   }
 
-  // dW += the weight gradients of the groups of L images, in order; dx (when not null) written.
+  // dW += the weight gradients of the groups of L images, in order; dx (when not null) written;
+  // db += the groups' bias sums, in order, with fp32 products.
   template <class T>
   void backward_lanes(Context& ctx, const Tensor<T>& x, const Tensor<T>& dy, T* dx) {
-    const std::size_t blocks = (x.shape(0) + simd::lanes<> - 1) / simd::lanes<>;
+    const std::size_t n = x.shape(0), blocks = (n + simd::lanes<> - 1) / simd::lanes<>;
     partials_.resize(blocks * weight_.size());
+    const bool bias = has_bias() && lanes_bias<T>(n);
+    if (bias) bias_partials_.resize(blocks * out_);
     if (dx) flip_weights();
-    lanes_.backward(ctx, geometry(), x, dy, dx ? flipped_.data() : nullptr, partials_.data(), dx);
+    const detail::LanesPool pool{pool_relu_, pool_index_.data()};
+    lanes_.backward(ctx, geometry(), x, dy, dx ? flipped_.data() : nullptr, partials_.data(), dx,
+                    bias ? bias_partials_.data() : nullptr, pool_applied_ ? &pool : nullptr);
     add_partials(blocks);
+    if (!bias) return;
+    float* gb = bias_.grad();
+    for (std::size_t b = 0; b < blocks; ++b)
+      for (std::size_t o = 0; o < out_; ++o) gb[o] += bias_partials_[b * out_ + o];
   }
 
   detail::ConvGeometry geometry() const noexcept { return {in_, out_, groups_, window_}; }
@@ -536,7 +592,10 @@ class Conv2d {
   Buffer<float> f32_[2], dcol_, acc_;  // see buffer(); the columns' gradient; fp32 accumulator (16-bit runs)
   Buffer<float> partials_, flipped_;   // direct, image_lanes: each block's weight gradient; the flipped kernel
   detail::ImageLanes lanes_;           // image_lanes: its state (the bf16-paired weights)
-  Buffer<float> transposed_;           // direct by output channels: the weights [c][tap][o], then the bias
+  Buffer<float> bias_partials_;        // image_lanes, fp32 products: each group's bias sums
+  std::vector<std::uint8_t, memory::Allocator<std::uint8_t>> pool_index_;  // fuse_max_pool: argmaxes
+  bool fuse_pool_ = false, pool_relu_ = false, pool_applied_ = false;
+  Buffer<float> transposed_;  // direct by output channels: the weights [c][tap][o], then the bias
   Algorithm algorithm_ = Algorithm::automatic;
   Buffer<bf16> b16_[2];
   Buffer<fp16> f16_[2];

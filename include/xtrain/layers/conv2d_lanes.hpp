@@ -41,19 +41,36 @@ struct ConvGeometry {
   std::size_t fan_in() const noexcept { return in / groups * window.kernel.h * window.kernel.w; }
 };
 
+/// The 2 x 2 / 2 max pooling an image_lanes Conv2d applies to its output in the lane layout
+/// (Conv2d::fuse_max_pool): a ReLU first when `relu`; `index` holds each window's argmax
+/// (kernels::lanes::max_pool) per group of L images, conv group, output plane, window and lane.
+struct LanesPool {
+  bool relu = false;
+  std::uint8_t* index = nullptr;
+  /// The pooled window of an output plane (even sizes), unframed.
+  static kernels::Window pooled(const kernels::Window& g) noexcept {
+    kernels::Window p = kernels::lanes::unframed_output(g);
+    p.h = p.oh = g.oh / 2;
+    p.w = p.ow = g.ow / 2;
+    return p;
+  }
+};
+
 /// Conv2d's image_lanes algorithm. Keeps the bf16-paired weights (forward's, or the flipped
 /// kernel's for the input gradient) between calls.
 class ImageLanes {
  public:
-  /// y = the convolution of x with `weight` ([out][in / groups][KH][KW]) plus bias (may be null).
+  /// y = the convolution of x with `weight` ([out][in / groups][KH][KW]) plus bias (may be null),
+  /// max-pooled when `pool` is not null (y then has the pooled planes).
   template <class T>
   void forward(Context& ctx, const ConvGeometry& geo, const Tensor<T>& x, const float* weight, const float* bias,
-               Tensor<T>& y) {
+               Tensor<T>& y, const LanesPool* pool = nullptr) {
     constexpr std::size_t L = simd::lanes<>;
     const kernels::Window& win = geo.window;
     const kernels::lanes::Frame f(win, L);
     const std::size_t n = x.shape(0), cg = geo.in / geo.groups, og = geo.out / geo.groups, kg = geo.fan_in(),
-                      plane = win.out_plane(), in_plane = win.in_plane(), blocks = (n + L - 1) / L;
+                      plane = pool ? LanesPool::pooled(win).out_plane() : win.out_plane(), in_plane = win.in_plane(),
+                      blocks = (n + L - 1) / L;
     if constexpr (image_lanes_bf16_products<T>) pack_pair_weights(geo, weight, og, cg);
     backend::parallel_for(ctx.executor, blocks, 1, 1, [&](std::size_t begin, std::size_t end) {
       const backend::WorkspaceFor ws(ctx.executor);
@@ -64,6 +81,9 @@ class ImageLanes {
         for (std::size_t g = 0; g < geo.groups; ++g) {
           correlate(x.data() + (s0 * geo.in + g * cg) * in_plane, geo.in * in_plane, count, cg, weight + g * og * kg, g,
                     bias ? bias + g * og : nullptr, og, win, f, scratch, yt);
+          if (pool)  // pooled in place: yt's first og * plane vectors
+            kernels::lanes::max_pool(yt, og, win.oh, win.ow, pool->relu,
+                                     pool->index + ((b * geo.groups + g) * og * plane) * L);
           kernels::lanes::unframe(yt, og, plane, count, L, y.data() + (s0 * geo.out + g * og) * plane, geo.out * plane);
         }
       }
@@ -72,10 +92,12 @@ class ImageLanes {
 
   /// The weight gradient of each group of L images written to partials (the weights' size apart,
   /// in the order of the groups); dx (when not null) written from `flipped`, each group's kernel
-  /// flipped and transposed (kernels::direct::flip_kernel).
+  /// flipped and transposed (kernels::direct::flip_kernel). With fp32 products, `bias_partials`
+  /// (when not null) gets each group's sums of dy per output channel (geo.out apart), and with
+  /// `pool` dy is the gradient of the pooled output of the forward that wrote pool->index.
   template <class T>
   void backward(Context& ctx, const ConvGeometry& geo, const Tensor<T>& x, const Tensor<T>& dy, const float* flipped,
-                float* partials, T* dx) {
+                float* partials, T* dx, float* bias_partials = nullptr, const LanesPool* pool = nullptr) {
     constexpr std::size_t L = simd::lanes<>;
     const kernels::lanes::Frame fd(kernels::lanes::input_grad_window(geo.window), L);
     const std::size_t n = x.shape(0), cg = geo.in / geo.groups, og = geo.out / geo.groups, kg = geo.fan_in(),
@@ -88,7 +110,11 @@ class ImageLanes {
       for (std::size_t b = begin; b < end; ++b)
         for (std::size_t g = 0; g < geo.groups; ++g)
           backward_group(*ws, geo, x.data(), dy.data(), b * L, std::min(L, n - b * L), g, flipped,
-                         partials + b * wsize + g * og * kg, dxt, dx);
+                         partials + b * wsize + g * og * kg, dxt, dx,
+                         bias_partials ? bias_partials + b * geo.out + g * og : nullptr,
+                         pool
+                             ? pool->index + ((b * geo.groups + g) * og * LanesPool::pooled(geo.window).out_plane()) * L
+                             : nullptr);
     });
   }
 
@@ -140,15 +166,20 @@ class ImageLanes {
   // Group g of `count` images of x and dy (from image s0): the weight gradient written to dw and,
   // when dx is not null, the input gradient to dx (through dxt); framed in the thread's workspace.
   // bf16 products pair dy's columns, x's columns and dy's channels; fp32 frames dy once for both.
+  // `bias` (fp32 products, when not null): the group's sums of dy per output channel; `index`
+  // (when not null): dy is the pooled output's gradient, unpooled through these argmaxes.
   template <class T>
   void backward_group(backend::Workspace& ws, const ConvGeometry& geo, const T* x, const T* dy, std::size_t s0,
-                      std::size_t count, std::size_t g, const float* flipped, float* dw, float* dxt, T* dx) {
+                      std::size_t count, std::size_t g, const float* flipped, float* dw, float* dxt, T* dx, float* bias,
+                      const std::uint8_t* index) {
     constexpr std::size_t L = simd::lanes<>;
     const kernels::Window& win = geo.window;
     const kernels::Window gd = kernels::lanes::input_grad_window(win);
     const kernels::lanes::Frame fx(win, L), fd(gd, L);
-    const std::size_t cg = geo.in / geo.groups, og = geo.out / geo.groups, plane = win.out_plane(),
-                      in_plane = win.in_plane(), x_image = geo.in * in_plane, dy_image = geo.out * plane;
+    const kernels::Window pooled = LanesPool::pooled(win);
+    const std::size_t cg = geo.in / geo.groups, og = geo.out / geo.groups,
+                      plane = index ? pooled.out_plane() : win.out_plane(), in_plane = win.in_plane(),
+                      x_image = geo.in * in_plane, dy_image = geo.out * plane;
     const T* xg = x + (s0 * geo.in + g * cg) * in_plane;
     const T* dyg = dy + (s0 * geo.out + g * og) * plane;
     T* dxg = dx ? dx + (s0 * geo.in + g * cg) * in_plane : nullptr;
@@ -171,14 +202,23 @@ class ImageLanes {
       return;
     }
 #endif
-    // dy framed for the input gradient, or as it is when only the weight gradient reads it.
+    // dy framed for the input gradient, or as it is when only the weight gradient reads it;
+    // unpooled there from the pooled gradient (transposed to lanes first) after a pooled forward.
     const kernels::Window gw = dx ? gd : kernels::lanes::unframed_output(win);
-    const kernels::lanes::Frame fw(gw, L);
-    float* dyf = ws.get<float>(backend::Workspace::Slot::words_b, og * fw.in_plane + cg * fx.in_plane);
+    const kernels::lanes::Frame fw(gw, L), fp(pooled, L);
+    float* dyf = ws.get<float>(backend::Workspace::Slot::words_b,
+                               og * fw.in_plane + cg * fx.in_plane + (index ? og * fp.in_plane : 0));
     float* xf = dyf + og * fw.in_plane;
-    kernels::lanes::frame_input(dyg, dy_image, count, og, gw, fw, L, dyf);
+    if (index) {
+      float* dp = xf + cg * fx.in_plane;
+      kernels::lanes::frame_input(dyg, dy_image, count, og, pooled, fp, L, dp);
+      kernels::lanes::max_unpool(dp, index, og, win.oh, win.ow, fw, dyf);
+    } else {
+      kernels::lanes::frame_input(dyg, dy_image, count, og, gw, fw, L, dyf);
+    }
     kernels::lanes::frame_input(xg, x_image, count, cg, win, fx, L, xf);
     kernels::lanes::weight_grad(dyf, fw, og, xf, fx, cg, win, dw);
+    if (bias) kernels::lanes::plane_sums(dyf, fw, og, win.oh, win.ow, bias);
     if (!dx) return;
     kernels::lanes::forward(dyf, og, flipped_g, nullptr, cg, gd, fd, dxt);
     kernels::lanes::unframe(dxt, cg, in_plane, count, L, dxg, x_image);

@@ -219,6 +219,9 @@ class MaxPool2d {
   bool relu_input() const noexcept { return relu_input_; }
   /// Whether the last forward applied the ReLU before the pool (relu_input).
   bool relu_input_applied() const noexcept { return relu_applied_; }
+  /// Whether this is the 2 x 2 window of stride 2 without padding or dilation (LeNet's), which a
+  /// Conv2d before it can apply itself (Conv2d::fuse_max_pool, set by Sequential).
+  bool window_2x2() const noexcept { return pairs(); }
 
   /// Planes split over the backend's threads (each plane's outputs computed as on one thread).
   template <ActivationType T>

@@ -188,6 +188,37 @@ class Sequential {
       return false;
   }
 
+  // Whether module I (a Conv2d) can apply the 2 x 2 max pool of module I + D itself
+  // (Conv2d::fuse_max_pool): D = 1, the pool right after it, or D = 2, after a ReLU at I + 1 that
+  // it then applies too. This container then skips the modules it covered whenever
+  // `pool_applied()` says it did.
+  template <std::size_t I, std::size_t D>
+  static constexpr bool pools() {
+    if constexpr (I + D < count) {
+      using M = unnamed_t<std::tuple_element_t<I, std::tuple<Layers...>>>;
+      using P = unnamed_t<std::tuple_element_t<I + D, std::tuple<Layers...>>>;
+      using R = unnamed_t<std::tuple_element_t<I + 1, std::tuple<Layers...>>>;
+      return requires(M & m, const P& pool, const R& between) {
+        m.fuse_max_pool(true, true);
+        { m.pool_applied() } -> std::convertible_to<bool>;
+        { pool.window_2x2() } -> std::convertible_to<bool>;
+        requires D == 1 || requires {
+          { between.is_relu() } -> std::convertible_to<bool>;
+        };
+      };
+    } else {
+      return false;
+    }
+  }
+  // Decides module I's pooling for this forward (the modules after it may have been replaced).
+  template <std::size_t I>
+  void fuse_pool() {
+    if constexpr (pools<I, 1>())
+      get<I>().fuse_max_pool(get<I + 1>().window_2x2(), false);
+    else if constexpr (pools<I, 2>())
+      get<I>().fuse_max_pool(get<I + 1>().is_relu() && get<I + 2>().window_2x2(), true);
+  }
+
   // Runs modules I... on x; `relu_pending`: module I - 1 is a ReLU that module I takes.
   template <std::size_t I, class T>
   const Tensor<T>& forward_from(Context& ctx, const Tensor<T>& x, bool relu_pending = false) {
@@ -195,18 +226,33 @@ class Sequential {
       return x;
     } else {
       fuse<I>();  // decided at each forward: the next module may have been replaced since
+      fuse_pool<I>();
       if constexpr (takes_relu<I>()) get<I>().relu_input(relu_pending);
       if constexpr (takes_relu<I + 1>())
         if (get<I>().is_relu()) return forward_from<I + 1>(ctx, x, true);  // ReLU I: taken by module I + 1
       const Tensor<T>& y = xtrain::forward(ctx, get<I>(), x);
       if constexpr (fusable<I>())
         if (get<I>().relu_applied()) return forward_from<I + 2>(ctx, y);
+      if constexpr (pools<I, 1>())
+        if (get<I>().pool_applied()) return forward_from<I + 2>(ctx, y);  // MaxPool2d I + 1: applied
+      if constexpr (pools<I, 2>())
+        if (get<I>().pool_applied()) return forward_from<I + 3>(ctx, y);  // ReLU and MaxPool2d: applied
       return forward_from<I + 1>(ctx, y);
     }
   }
 
   template <std::size_t I, class T>
   const Tensor<T>& backward_from(Context& ctx, const Tensor<T>& dy, bool want_input_grad) {
+    // Module I applied by the Conv2d before it (fuse_max_pool): the pool (or the ReLU) at I - 1's
+    // I + 1, the pool after a ReLU at I - 2's I + 2.
+    if constexpr (I >= 1) {
+      if constexpr (pools<I - 1, 1>() || pools<I - 1, 2>())
+        if (get<I - 1>().pool_applied()) return backward_from<I - 1>(ctx, dy, want_input_grad);
+    }
+    if constexpr (I >= 2) {
+      if constexpr (pools<I - 2, 2>())
+        if (get<I - 2>().pool_applied()) return backward_from<I - 2>(ctx, dy, want_input_grad);
+    }
     if constexpr (I > 0) {
       if constexpr (fusable<I - 1>())
         if (get<I - 1>().relu_applied()) return backward_from<I - 1>(ctx, dy, want_input_grad);  // ReLU I: fused
