@@ -244,6 +244,13 @@ TEST_CASE("Steady-state steps allocate nothing: no operator new, no backend bloc
         std::move(model), optim::Adam{}, TrainerOptions{}.verbose(false)};
     check_steady_state(trainer, random_tensor({8, 1, 28, 28}, 6), labels(8, 10));
   }
+  SECTION("LeNet, fp32, batch 64 (image_lanes, the ReLU and pooling inside the convolutions)") {
+    set_seed(16);
+    auto model = cnn_models::lenet();
+    Trainer<decltype(model), optim::Adam, FullPrecision, parallel::SingleProcess, HeapCpu> trainer{
+        std::move(model), optim::Adam{}, TrainerOptions{}.verbose(false)};
+    check_steady_state(trainer, random_tensor({64, 1, 28, 28}, 7), labels(64, 10));
+  }
 }
 #endif
 

@@ -10,7 +10,9 @@
 // The hidden "[.export_cnn]" test writes the example's three models, trained 2 steps, for
 // tests/torch_cnn_interop.py (ctest interop.torch_cnn_<model>).
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -319,6 +321,13 @@ bool same_values(const Tensor<T>& a, const Tensor<T>& b) {
   return a.shape() == b.shape() && std::equal(a.data(), a.data() + a.size(), b.data(),
                                               [](T u, T v) { return kernels::widen(u) == kernels::widen(v); });
 }
+// Bit for bit (-0 is not +0; a NaN equals a NaN of the same bits).
+template <class T>
+bool same_bits(const Tensor<T>& a, const Tensor<T>& b) {
+  return a.shape() == b.shape() && std::equal(a.data(), a.data() + a.size(), b.data(), [](T u, T v) {
+           return std::bit_cast<std::uint32_t>(kernels::widen(u)) == std::bit_cast<std::uint32_t>(kernels::widen(v));
+         });
+}
 }  // namespace
 
 TEMPLATE_TEST_CASE("Sequential runs a ReLU after BatchNorm inside it: the same values as the two layers", "[conv]",
@@ -404,7 +413,13 @@ TEMPLATE_TEST_CASE("Sequential lets a MaxPool2d take the ReLU before it: the sam
   for (const Case& c : {Case{{3, 4, 10, 14}, nn::MaxPool2d{2}}, Case{{2, 3, 7, 9}, nn::MaxPool2d{2}},
                         Case{{2, 3, 9, 11}, nn::MaxPool2d{3, 2, 1}}}) {
     INFO("input " << c.shape.str() << " " << c.pool.describe());
-    const Matrix x32 = random_tensor(c.shape, 41);
+    Matrix x32 = random_tensor(c.shape, 41);
+    // A NaN and -0 where windows meet them: the ReLU layer makes both +0 before the pool.
+    x32.data()[5] = std::numeric_limits<float>::quiet_NaN();
+    x32.data()[2 * c.shape[3] + 8] = -0.0f;
+    x32.data()[2 * c.shape[3] + 9] = -1.0f;
+    x32.data()[3 * c.shape[3] + 8] = -1.0f;
+    x32.data()[3 * c.shape[3] + 9] = -1.0f;
     Tensor<TestType> x(c.shape);
     kernels::from_float(x32.data(), x.data(), x.size());
     nn::Sequential fused{nn::ReLU{}, c.pool};
@@ -415,12 +430,12 @@ TEMPLATE_TEST_CASE("Sequential lets a MaxPool2d take the ReLU before it: the sam
     REQUIRE(fused.template get<1>().relu_input_applied());
     const Tensor<TestType>& expected = pool.forward(ctx, relu.forward(ctx, x));
     REQUIRE(!pool.relu_input_applied());
-    REQUIRE(same_values(y, expected));
+    REQUIRE(same_bits(y, expected));
     const Matrix dy32 = random_tensor(y.shape(), 42);
     Tensor<TestType> dy(y.shape());
     kernels::from_float(dy32.data(), dy.data(), dy.size());
     const Tensor<TestType>& dx = fused.backward(ctx, dy);
-    REQUIRE(same_values(dx, relu.backward(ctx, pool.backward(ctx, dy))));
+    REQUIRE(same_bits(dx, relu.backward(ctx, pool.backward(ctx, dy))));
     // Some windows are all negative: their gradient is zero, where the pool alone would pass it.
     REQUIRE(std::count_if(y.data(), y.data() + y.size(), [](TestType v) { return kernels::widen(v) == 0.0f; }) > 0);
   }
@@ -452,8 +467,8 @@ TEMPLATE_TEST_CASE("Sequential lets an image_lanes Conv2d pool its own output: t
   // 40 images: two full groups of 16 lanes and one of 8. The pooled forward runs with AVX-512 and
   // fp32 activations; elsewhere (16-bit activations, other targets) the layers run one by one.
   constexpr bool pooled = simd::lanes<> >= 16 && std::is_same_v<TestType, float>;
-  auto check = [](auto make, const Shape& shape, bool expect_pooled) {
-    INFO("input " << shape.str());
+  auto check = [](auto make, const Shape& shape, bool expect_pooled, bool input_grad = true) {
+    INFO("input " << shape.str() << (input_grad ? "" : ", no input gradient (a first layer)"));
     const Matrix x32 = random_tensor(shape, 51);
     Tensor<TestType> x(shape);
     kernels::from_float(x32.data(), x.data(), x.size());
@@ -476,19 +491,22 @@ TEMPLATE_TEST_CASE("Sequential lets an image_lanes Conv2d pool its own output: t
     };
     const Tensor<TestType> expected = run.template operator()<0>(run, x);
     REQUIRE(!layers.template get<0>().pool_applied());
-    REQUIRE(same_values(y, expected));
+    REQUIRE(same_bits(y, expected));
     const Matrix dy32 = random_tensor(y.shape(), 52);
     Tensor<TestType> dy(y.shape());
     kernels::from_float(dy32.data(), dy.data(), dy.size());
-    ctx.input_grad = true;
+    ctx.input_grad = input_grad;
     const Tensor<TestType> dx = fused.backward(ctx, dy);
     Tensor<TestType> g = dy;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       constexpr std::size_t n = sizeof...(I);
-      ((g = Tensor<TestType>(layers.template get<n - 1 - I>().backward(ctx, g))), ...);
+      ((ctx.input_grad = input_grad || n - 1 - I > 0,
+        g = Tensor<TestType>(layers.template get<n - 1 - I>().backward(ctx, g))),
+       ...);
     }
     (std::make_index_sequence<size>{});
-    REQUIRE(same_values(dx, g));
+    REQUIRE(same_bits(dx, g));
+    REQUIRE(dx.size() == (input_grad ? x.size() : 0));
     auto& a = fused.template get<0>();
     auto& b = layers.template get<0>();
     REQUIRE(std::equal(a.weight().grads().begin(), a.weight().grads().end(), b.weight().grads().begin()));
@@ -502,6 +520,11 @@ TEMPLATE_TEST_CASE("Sequential lets an image_lanes Conv2d pool its own output: t
         return nn::Sequential{nn::Conv2d{3, 5, 5, 1, 2}, nn::ReLU{}, nn::MaxPool2d{2}};
       },
       {40, 3, 12, 10}, pooled);
+  check(
+      [] {
+        return nn::Sequential{nn::Conv2d{1, 5, 5, 1, 2}, nn::ReLU{}, nn::MaxPool2d{2}};
+      },
+      {40, 1, 12, 10}, pooled, false);
   check([] { return nn::Sequential{nn::Conv2d{4, 6, 5}, nn::ReLU{}, nn::MaxPool2d{2}}; }, {40, 4, 14, 14}, pooled);
   check([] { return nn::Sequential{nn::Conv2d{2, 3, 3, 1, 1}, nn::MaxPool2d{2}}; }, {40, 2, 8, 6}, pooled);
   check([] { return nn::Sequential{nn::Conv2d{2, 3, 3, 1, 1}, nn::ReLU{}, nn::MaxPool2d{2}}; }, {40, 2, 9, 9}, false);

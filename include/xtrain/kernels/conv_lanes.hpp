@@ -290,9 +290,10 @@ void weight_grad(const float* dy, const Frame& fd, std::size_t outs, const float
 
 /// 2 x 2 / 2 max pooling of `planes` output planes of oh x ow (even) in the lane layout, in place:
 /// y[p][r][q] (the first planes * oh * ow / 4 vectors) = the window's first maximum in PyTorch's
-/// scan order (a NaN taken over, as PyTorch's CPU kernel does), then max(y, 0) when `relu` (a NaN
-/// kept); index[p][r][q][lane] = the maximum's place in its window (row-major 0-3), or 4 where the
-/// ReLU zeroed it (no gradient). Writes never pass the reads: output k reads inputs from 4k on.
+/// scan order (a NaN taken over, as PyTorch's CPU kernel does), of max(y, 0) when `relu` (as the
+/// ReLU layer computes it: +0 for a NaN and for -0); index[p][r][q][lane] = the maximum's place in
+/// its window (row-major 0-3), or 4 where the ReLU left 0 (no gradient, as the ReLU's backward
+/// passes none there). Output k is written after its window is read and reads nothing before k.
 template <class Arch = simd::default_arch>
 void max_pool(float* y, std::size_t planes, std::size_t oh, std::size_t ow, bool relu, std::uint8_t* index) noexcept {
   using B = simd::batch<float, Arch>;
@@ -305,19 +306,17 @@ void max_pool(float* y, std::size_t planes, std::size_t oh, std::size_t ow, bool
       for (std::size_t q = 0; q < pw; ++q) {
         const float* at = y + ((p * oh + 2 * r) * ow + 2 * q) * L;
         B best = B::load_aligned(at);
+        if (relu) best = xsimd::max(best, B(0.0f));  // the ReLU layer's op (vmaxps)
         I where(0);
         const float* next[3] = {at + L, at + ow * L, at + (ow + 1) * L};
         for (std::int32_t k = 0; k < 3; ++k) {
-          const B v = B::load_aligned(next[k]);
+          B v = B::load_aligned(next[k]);
+          if (relu) v = xsimd::max(v, B(0.0f));
           const auto take = (v > best) || xsimd::isnan(v);  // PyTorch's rule: a NaN takes over
           best = xsimd::select(take, v, best);
           where = xsimd::select(xsimd::bool_cast(take), I(k + 1), where);
         }
-        if (relu) {
-          const auto zero = best <= B(0.0f);  // false for a NaN: kept, with its gradient
-          best = xsimd::select(zero, B(0.0f), best);
-          where = xsimd::select(xsimd::bool_cast(zero), I(4), where);
-        }
+        if (relu) where = xsimd::select(xsimd::bool_cast(best > B(0.0f)), where, I(4));
         best.store_aligned(out);
         alignas(64) std::int32_t w[L];
         where.store_aligned(w);

@@ -127,9 +127,10 @@ class Conv2d {
   template <ActivationType T = float>
   Algorithm algorithm(std::size_t batch = 64) const noexcept {
     if (algorithm_ != Algorithm::automatic) return algorithm_;
-    // "Same" padding or none (the kernels skip the zero frame of the input gradient's output
-    // gradient then; other paddings would multiply part of it), or bf16 products with pairs of
-    // input channels to fill.
+    // "Same" padding or none, or bf16 products with pairs of input channels to fill. Unpadded,
+    // the input gradient's output gradient has a frame of kernel - 1: the kernels skip its rows,
+    // and its columns where a plane's row fits one tile (10 or 14 outputs wide with AVX-512,
+    // LeNet's); wider planes multiply those columns' zeros.
     const bool same =
         window_.padding.h == (window_.kernel.h - 1) / 2 && window_.padding.w == (window_.kernel.w - 1) / 2;
     const bool valid = window_.padding == Size2{0};

@@ -84,6 +84,9 @@ void check_backward(const void* x, int x_type, const Shape& dy, const Shape& exp
                expected.str());
 }
 
+/// max(v, 0) as the ReLU layer computes it (vmaxps): +0 for a NaN and for -0.
+inline float relu_value(float v) noexcept { return v > 0.0f ? v : 0.0f; }
+
 #if defined(__AVX512F__)
 /// The 2 x 2 / 2 window over one pair of input rows r0, r1 = r0 + w, 16 outputs at a time:
 /// y[q] = the maximum of r0[2q], r0[2q + 1], r1[2q], r1[2q + 1] and arg[q] its index in the plane
@@ -91,7 +94,8 @@ void check_backward(const void* x, int x_type, const Shape& dy, const Shape& exp
 /// does. Returns false, having stored nothing useful, when a NaN is among the values (the caller
 /// redoes the row with the general loop, which propagates it).
 inline bool max_pool_pairs(const float* r0, std::size_t w, std::size_t ow, std::int32_t base, float* y,
-                           std::int32_t* arg) noexcept {
+                           std::int32_t* arg, bool relu = false) noexcept {
+  const __m512 zero = _mm512_setzero_ps();
   const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   const __m512i lane2 = _mm512_slli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 1);
@@ -103,8 +107,14 @@ inline bool max_pool_pairs(const float* r0, std::size_t w, std::size_t ow, std::
     const auto m_hi = static_cast<__mmask16>(in > 16 ? (1u << (in - 16)) - 1 : 0u);
     const float* p0 = r0 + 2 * q0;
     const float* p1 = r1 + 2 * q0;
-    const __m512 lo0 = _mm512_maskz_loadu_ps(m_lo, p0), hi0 = _mm512_maskz_loadu_ps(m_hi, p0 + 16);
-    const __m512 lo1 = _mm512_maskz_loadu_ps(m_lo, p1), hi1 = _mm512_maskz_loadu_ps(m_hi, p1 + 16);
+    __m512 lo0 = _mm512_maskz_loadu_ps(m_lo, p0), hi0 = _mm512_maskz_loadu_ps(m_hi, p0 + 16);
+    __m512 lo1 = _mm512_maskz_loadu_ps(m_lo, p1), hi1 = _mm512_maskz_loadu_ps(m_hi, p1 + 16);
+    if (relu) {  // max(x, 0) as the ReLU layer computes it: vmaxps gives +0 for a NaN and for -0
+      lo0 = _mm512_max_ps(lo0, zero);
+      hi0 = _mm512_max_ps(hi0, zero);
+      lo1 = _mm512_max_ps(lo1, zero);
+      hi1 = _mm512_max_ps(hi1, zero);
+    }
     const __m512 a = _mm512_permutex2var_ps(lo0, even, hi0), b = _mm512_permutex2var_ps(lo0, odd, hi0);
     const __m512 d = _mm512_permutex2var_ps(lo1, even, hi1), e = _mm512_permutex2var_ps(lo1, odd, hi1);
     const __mmask16 nan =
@@ -129,14 +139,20 @@ inline bool max_pool_pairs(const float* r0, std::size_t w, std::size_t ow, std::
 /// pair), ties to the first in PyTorch's scan order (row 0 before row 1, left before right).
 /// Returns false when a NaN is among the values (the caller redoes the row with the general loop).
 inline bool max_pool_pairs(const float* r0, std::size_t w, std::size_t ow, std::int32_t base, float* y,
-                           std::int32_t* arg) noexcept {
+                           std::int32_t* arg, bool relu = false) noexcept {
   // Branch-free (random data defeats the branch predictor): comparisons as 0/1 integers and
   // maxss, since compilers keep conditional moves as branches.
   const auto row = static_cast<std::int32_t>(w);
   std::int32_t nan = 0;
   for (std::size_t q = 0; q < ow; ++q) {
     const std::size_t c = 2 * q;
-    const float a = r0[c], b = r0[c + 1], d = r0[w + c], e = r0[w + c + 1];
+    float a = r0[c], b = r0[c + 1], d = r0[w + c], e = r0[w + c + 1];
+    if (relu) {
+      a = relu_value(a);
+      b = relu_value(b);
+      d = relu_value(d);
+      e = relu_value(e);
+    }
     const auto i = static_cast<std::int32_t>(c);
     const std::int32_t top_right = b > a, bottom_right = e > d;
     const float top = std::max(a, b), bottom = std::max(d, e);
@@ -208,10 +224,10 @@ class MaxPool2d {
   }
 
   /// Whether the next forward applies a ReLU to its input first (Sequential sets it for a ReLU
-  /// followed by this pool, which it then skips): the pool takes the maxima of x and applies
-  /// max(y, 0) to them, the same values as pooling relu(x), and its backward passes the gradient
-  /// only where that maximum is positive, as the ReLU's backward would. Bitwise the values of the
-  /// two layers, with a quarter of the ReLU's passes (2 x 2 windows) and none over x.
+  /// followed by this pool, which it then skips): the pool takes max(x, 0) of each value as it
+  /// reads it (as the ReLU layer computes it: +0 for a NaN and for -0) and its backward passes
+  /// the gradient only where the window's maximum is positive, as the ReLU's backward would.
+  /// Bitwise the values of the two layers, without the ReLU's two passes over full-size planes.
   MaxPool2d& relu_input(bool on) noexcept {
     relu_input_ = on;
     return *this;
@@ -235,11 +251,7 @@ class MaxPool2d {
     float* py = wide_.output(y);
     const bool relu = relu_input_;
     backend::parallel_for(ctx.executor, planes, grain(in), 1, [&](std::size_t p0, std::size_t p1) {
-      for (std::size_t p = p0; p < p1; ++p) {
-        pool_plane(px + p * in, py + p * out, argmax_.data() + p * out);
-        if (relu)  // std::max keeps a NaN (first argument), as the ReLU layer does
-          for (float* v = py + p * out; v != py + (p + 1) * out; ++v) *v = std::max(*v, 0.0f);
-      }
+      for (std::size_t p = p0; p < p1; ++p) pool_plane(px + p * in, py + p * out, argmax_.data() + p * out, relu);
     });
     wide_.finish(y);
     relu_applied_ = relu;
@@ -307,15 +319,15 @@ class MaxPool2d {
   }
 
   // One plane: y and the index of each window's maximum in the plane (first in PyTorch's scan
-  // order on ties; NaN propagates).
-  void pool_plane(const float* xp, float* yp, std::int32_t* ap) const noexcept {
+  // order on ties; NaN propagates), of max(x, 0) when `relu`.
+  void pool_plane(const float* xp, float* yp, std::int32_t* ap, bool relu) const noexcept {
     const kernels::Window& g = window_;
     const bool pairs = this->pairs();
     for (std::size_t r = 0; r < g.oh; ++r) {
       // The common 2 x 2 / 2 window without the general loop's bounds checks; a row with a NaN
       // goes through the general loop, which propagates it.
       if (pairs && detail::max_pool_pairs(xp + 2 * r * g.w, g.w, g.ow, static_cast<std::int32_t>(2 * r * g.w),
-                                          yp + r * g.ow, ap + r * g.ow))
+                                          yp + r * g.ow, ap + r * g.ow, relu))
         continue;
       for (std::size_t q = 0; q < g.ow; ++q) {
         float v = -std::numeric_limits<float>::infinity();
@@ -328,7 +340,7 @@ class MaxPool2d {
                                       static_cast<std::ptrdiff_t>(g.padding.w);
             if (iw < 0 || iw >= static_cast<std::ptrdiff_t>(g.w)) continue;
             const auto i = static_cast<std::int32_t>(static_cast<std::size_t>(ih) * g.w + static_cast<std::size_t>(iw));
-            const float e = xp[i];
+            const float e = relu ? detail::relu_value(xp[i]) : xp[i];
             if (best < 0 || e > v || e != e) {  // NaN propagates, as in PyTorch
               v = e;
               best = i;

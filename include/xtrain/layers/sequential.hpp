@@ -233,10 +233,11 @@ class Sequential {
       const Tensor<T>& y = xtrain::forward(ctx, get<I>(), x);
       if constexpr (fusable<I>())
         if (get<I>().relu_applied()) return forward_from<I + 2>(ctx, y);
-      if constexpr (pools<I, 1>())
+      if constexpr (pools<I, 1>()) {
         if (get<I>().pool_applied()) return forward_from<I + 2>(ctx, y);  // MaxPool2d I + 1: applied
-      if constexpr (pools<I, 2>())
+      } else if constexpr (pools<I, 2>()) {
         if (get<I>().pool_applied()) return forward_from<I + 3>(ctx, y);  // ReLU and MaxPool2d: applied
+      }
       return forward_from<I + 1>(ctx, y);
     }
   }
@@ -250,7 +251,7 @@ class Sequential {
         if (get<I - 1>().pool_applied()) return backward_from<I - 1>(ctx, dy, want_input_grad);
     }
     if constexpr (I >= 2) {
-      if constexpr (pools<I - 2, 2>())
+      if constexpr (pools<I - 2, 2>() && !pools<I - 2, 1>())  // as fuse_pool decides
         if (get<I - 2>().pool_applied()) return backward_from<I - 2>(ctx, dy, want_input_grad);
     }
     if constexpr (I > 0) {
