@@ -172,9 +172,9 @@ class Sequential {
   }
 
   // Whether module I can take the ReLU before it (MaxPool2d::relu_input): a ReLU followed by a
-  // max pool then runs as the pool alone, which applies max(y, 0) to its maxima and masks its
-  // gradient, the same values, and this container skips the ReLU whenever the pool says it did
-  // (relu_input_applied). A ReLU already fused into the module before it is not taken again.
+  // max pool then runs as the pool alone, which takes max(x, 0) of each value it reads and masks
+  // its gradient, the same values, and this container skips the ReLU whenever the pool says it
+  // did (relu_input_applied). A ReLU already fused into the module before it is not taken again.
   template <std::size_t I>
   static constexpr bool takes_relu() {
     if constexpr (I > 0 && I < count)
