@@ -3,8 +3,9 @@
 usage: check_profile.py DIR OUTPUT_FILE MIN_ACCOUNTED_PERCENT
 
 - DIR/trace.json is JSON that json.load reads, with both ranks (pid 0 and 1), and on each rank
-  events naming the modules ("0: Linear" with kind Linear, "1: BatchNorm1d", ...), the optimizer,
-  the gradient reduction and the data loading;
+  events naming the modules ("0: Linear" with kind Linear, "1: BatchNorm1d", "3: Linear"; the
+  ReLU, module 2, runs inside the BatchNorm and has none), the optimizer, the gradient reduction
+  and the data loading;
 - the printed table names the same rows, and on every rank the events inside the steps account
   for at least MIN_ACCOUNTED_PERCENT of the steps' time (their self times add up to the step).
 """
@@ -23,10 +24,13 @@ def main() -> int:
         mine = [e for e in events if e["pid"] == pid]
         names = {e["name"] for e in mine}
         cats = {e["cat"] for e in mine}
-        for module, kind in (("0", "Linear"), ("1", "BatchNorm1d"), ("2", "ReLU"), ("3", "Linear")):
+        for module, kind in (("0", "Linear"), ("1", "BatchNorm1d"), ("3", "Linear")):
             found = [e for e in mine if e["name"] == f"{module}: {kind}" and e["args"].get("kind") == kind]
             if not {e["cat"] for e in found} >= {"forward", "backward"}:
                 failures.append(f"rank {pid}: no forward and backward event of module {module} ({kind})")
+        # Module 2, the ReLU, runs inside the BatchNorm before it (fused): its time is that row's.
+        if any(e["name"] == "2: ReLU" for e in mine):
+            failures.append(f"rank {pid}: the ReLU after BatchNorm1d ran as a layer of its own (not fused)")
         for cat, name in (("optimizer", "Adam"), ("data", "data"), ("reduction", None), ("step", None)):
             if cat not in cats or (name and name not in names):
                 failures.append(f"rank {pid}: no {cat} event" + (f" named {name}" if name else ""))

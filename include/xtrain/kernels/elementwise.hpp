@@ -4,6 +4,7 @@
 /// xsimd. Scalar twin: kernels/reference/elementwise.hpp.
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -337,11 +338,17 @@ inline void column_sq_dev_f64(const float* x, std::size_t rows, std::size_t ld, 
   }
 }
 
-/// xhat[r, j] = (x[r, j] - mean[j]) * invstd[j]; y[r, j] = gamma[j] * xhat[r, j] + beta[j].
-inline void normalize_columns(const float* x, std::size_t rows, std::size_t ld, std::size_t cols,
-                              const float* __restrict mean, const float* __restrict invstd,
-                              const float* __restrict gamma, const float* __restrict beta, float* xhat,
-                              float* y) noexcept {
+namespace detail {
+// g where y > 0, else +0: ReLU's backward select as bit operations (g & (y > 0 ? ~0 : 0)), which
+// the loops below vectorise where a conditional expression kept them scalar.
+inline float relu_masked(float g, float y) noexcept {
+  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(g) & (0u - static_cast<std::uint32_t>(y > 0.0f)));
+}
+// The column kernels below with the ReLU fused (Relu) or not, as plain loops over restrict rows.
+template <bool Relu>
+void normalize_columns(const float* x, std::size_t rows, std::size_t ld, std::size_t cols, const float* __restrict mean,
+                       const float* __restrict invstd, const float* __restrict gamma, const float* __restrict beta,
+                       float* xhat, float* y) noexcept {
   for (std::size_t r = 0; r < rows; ++r) {
     const float* __restrict xr = x + r * ld;
     float* __restrict hr = xhat + r * ld;
@@ -349,35 +356,73 @@ inline void normalize_columns(const float* x, std::size_t rows, std::size_t ld, 
     for (std::size_t j = 0; j < cols; ++j) {
       const float v = (xr[j] - mean[j]) * invstd[j];
       hr[j] = v;
-      yr[j] = gamma[j] * v + beta[j];
+      const float out = gamma[j] * v + beta[j];
+      yr[j] = Relu ? (out > 0.0f ? out : 0.0f) : out;
     }
   }
 }
-
-/// sum_dy[j] += dy[r, j]; sum_dy_xhat[j] += dy[r, j] * xhat[r, j], over the rows, in double.
-inline void column_sum_dot_f64(const float* dy, const float* xhat, std::size_t rows, std::size_t ld, std::size_t cols,
-                               double* __restrict sum_dy, double* __restrict sum_dy_xhat) noexcept {
+template <bool Relu>
+void column_sum_dot_f64(const float* dy, const float* xhat, const float* relu_out, std::size_t rows, std::size_t ld,
+                        std::size_t cols, double* __restrict sum_dy, double* __restrict sum_dy_xhat) noexcept {
   for (std::size_t r = 0; r < rows; ++r) {
     const float* __restrict dr = dy + r * ld;
     const float* __restrict hr = xhat + r * ld;
+    const float* __restrict yr = Relu ? relu_out + r * ld : dr;
     for (std::size_t j = 0; j < cols; ++j) {
-      sum_dy[j] += static_cast<double>(dr[j]);
-      sum_dy_xhat[j] += static_cast<double>(dr[j]) * static_cast<double>(hr[j]);
+      const float d = Relu ? relu_masked(dr[j], yr[j]) : dr[j];
+      sum_dy[j] += static_cast<double>(d);
+      sum_dy_xhat[j] += static_cast<double>(d) * static_cast<double>(hr[j]);
     }
   }
+}
+template <bool Relu>
+void batch_norm_dx_columns(const float* dy, const float* xhat, const float* relu_out, std::size_t rows, std::size_t ld,
+                           std::size_t cols, const float* __restrict scale, const float* __restrict mean_dy,
+                           const float* __restrict mean_dy_xhat, float* dx) noexcept {
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* __restrict dr = dy + r * ld;
+    const float* __restrict hr = xhat + r * ld;
+    const float* __restrict yr = Relu ? relu_out + r * ld : dr;
+    float* __restrict out = dx + r * ld;
+    for (std::size_t j = 0; j < cols; ++j) {
+      const float d = Relu ? relu_masked(dr[j], yr[j]) : dr[j];
+      out[j] = scale[j] * (d - mean_dy[j] - hr[j] * mean_dy_xhat[j]);
+    }
+  }
+}
+}  // namespace detail
+
+/// xhat[r, j] = (x[r, j] - mean[j]) * invstd[j]; y[r, j] = gamma[j] * xhat[r, j] + beta[j], or
+/// with `relu` max(that, 0) as the ReLU layer computes it (vmaxps: +0 for a NaN and for -0).
+inline void normalize_columns(const float* x, std::size_t rows, std::size_t ld, std::size_t cols, const float* mean,
+                              const float* invstd, const float* gamma, const float* beta, float* xhat, float* y,
+                              bool relu = false) noexcept {
+  if (relu)
+    detail::normalize_columns<true>(x, rows, ld, cols, mean, invstd, gamma, beta, xhat, y);
+  else
+    detail::normalize_columns<false>(x, rows, ld, cols, mean, invstd, gamma, beta, xhat, y);
+}
+
+/// sum_dy[j] += dy[r, j]; sum_dy_xhat[j] += dy[r, j] * xhat[r, j], over the rows, in double. With
+/// `relu_out` (a fused ReLU's output), dy[r, j] counts only where relu_out[r, j] > 0, as after
+/// the ReLU layer's backward.
+inline void column_sum_dot_f64(const float* dy, const float* xhat, std::size_t rows, std::size_t ld, std::size_t cols,
+                               double* sum_dy, double* sum_dy_xhat, const float* relu_out = nullptr) noexcept {
+  if (relu_out)
+    detail::column_sum_dot_f64<true>(dy, xhat, relu_out, rows, ld, cols, sum_dy, sum_dy_xhat);
+  else
+    detail::column_sum_dot_f64<false>(dy, xhat, relu_out, rows, ld, cols, sum_dy, sum_dy_xhat);
 }
 
 /// dx[r, j] = scale[j] * (dy[r, j] - mean_dy[j] - xhat[r, j] * mean_dy_xhat[j]) (BatchNorm's input
-/// gradient in training; scale = gamma * invstd).
+/// gradient in training; scale = gamma * invstd), dy masked by `relu_out` > 0 when given.
 inline void batch_norm_dx_columns(const float* dy, const float* xhat, std::size_t rows, std::size_t ld,
-                                  std::size_t cols, const float* __restrict scale, const float* __restrict mean_dy,
-                                  const float* __restrict mean_dy_xhat, float* dx) noexcept {
-  for (std::size_t r = 0; r < rows; ++r) {
-    const float* __restrict dr = dy + r * ld;
-    const float* __restrict hr = xhat + r * ld;
-    float* __restrict out = dx + r * ld;
-    for (std::size_t j = 0; j < cols; ++j) out[j] = scale[j] * (dr[j] - mean_dy[j] - hr[j] * mean_dy_xhat[j]);
-  }
+                                  std::size_t cols, const float* scale, const float* mean_dy, const float* mean_dy_xhat,
+                                  float* dx, const float* relu_out = nullptr) noexcept {
+  if (relu_out)
+    detail::batch_norm_dx_columns<true>(dy, xhat, relu_out, rows, ld, cols, scale, mean_dy, mean_dy_xhat, dx);
+  else
+    detail::batch_norm_dx_columns<false>(dy, xhat, relu_out, rows, ld, cols, scale, mean_dy, mean_dy_xhat, dx);
 }
 
 /// Sum of a plane of n floats: 16 fp32 partial sums (vectorised), added in double.

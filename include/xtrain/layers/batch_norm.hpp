@@ -73,7 +73,7 @@ class BatchNorm {
     return *this;
   }
   bool fuse_relu() const noexcept { return fuse_relu_; }
-  /// Whether the last forward applied ReLU (fuse_relu and planes; [N, C] rows never do).
+  /// Whether the last forward applied ReLU (fuse_relu, at its last forward).
   bool relu_applied() const noexcept { return relu_applied_; }
 
   /// Added to the variance; Requires eps > 0.
@@ -91,7 +91,8 @@ class BatchNorm {
   template <ActivationType T>
   const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
     if (spatial(x) != 1) return forward_planes(ctx, x);  // planes, or none (an empty plane)
-    planes_ = relu_applied_ = false;
+    planes_ = false;
+    relu_applied_ = fuse_relu_;
     if constexpr (std::is_same_v<T, float>)
       return forward_f32(ctx, x, y_);
     else
@@ -103,11 +104,14 @@ class BatchNorm {
   template <ActivationType T>
   const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
     if (planes_) return backward_planes(ctx, dy);
-    if constexpr (std::is_same_v<T, float>)
-      return backward_f32(ctx, dy, dx_);
-    else
-      return through_f32(ctx, dy,
-                         [&](const Matrix& dy32, Matrix& dx) -> const Matrix& { return backward_f32(ctx, dy32, dx); });
+    if constexpr (std::is_same_v<T, float>) {
+      return backward_f32(ctx, dy, dx_, relu_applied_ ? y_.data() : nullptr);
+    } else {
+      return through_f32(ctx, dy, [&](Matrix& dy32, Matrix& dx) -> const Matrix& {
+        if (relu_applied_) mask_by_output(ctx, out_.get<T>(), dy32);
+        return backward_f32(ctx, dy32, dx, nullptr);
+      });
+    }
   }
 
   /// weight, bias; the running statistics as buffers, named as PyTorch's state_dict.
@@ -225,7 +229,8 @@ class BatchNorm {
     statistics(ctx, x.data(), x.shape(), 1);
     for_features(ctx, n, [&](std::size_t j0, std::size_t j1) {
       kernels::normalize_columns(x.data() + j0, n, c, j1 - j0, mean_.data() + j0, invstd_.data() + j0,
-                                 weight_.data() + j0, bias_.data() + j0, xhat_.data() + j0, y.data() + j0);
+                                 weight_.data() + j0, bias_.data() + j0, xhat_.data() + j0, y.data() + j0,
+                                 relu_applied_);
     });
     return y;
   }
@@ -316,8 +321,21 @@ class BatchNorm {
     return true;
   }
 
-  // Rows [N, C] (fp32): dgamma, dbeta and dx from dy and the saved x-hat.
-  const Matrix& backward_f32(Context& ctx, const Matrix& dy, Matrix& dx) {
+  // Rows of 16-bit values with the ReLU fused: dy32[i] = 0 where the rounded output out[i] is not
+  // above 0 (the mask a ReLU layer after this one would have applied, from its 16-bit input).
+  template <class T>
+  void mask_by_output(Context& ctx, const Tensor<T>& out, Matrix& dy32) const {
+    const std::size_t n = dy32.shape(0), c = features_;
+    for_features(ctx, n, [&](std::size_t j0, std::size_t j1) {
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t j = j0; j < j1; ++j)
+          if (!(static_cast<float>(out.data()[r * c + j]) > 0.0f)) dy32.data()[r * c + j] = 0.0f;
+    });
+  }
+
+  // Rows [N, C] (fp32): dgamma, dbeta and dx from dy and the saved x-hat; with `relu_out` (the
+  // fused ReLU's output), dy counts only where relu_out > 0, as after the ReLU layer's backward.
+  const Matrix& backward_f32(Context& ctx, const Matrix& dy, Matrix& dx, const float* relu_out) {
     const std::size_t n = xhat_.shape(0), c = features_;
     XTRAIN_CHECK(dy.shape() == xhat_.shape(), ShapeError, describe(), ": gradient has shape ", dy.shape().str(),
                  ", expected ", xhat_.shape().str());
@@ -325,7 +343,7 @@ class BatchNorm {
     sum.assign(2 * c, 0.0);  // [sum dy, sum dy * xhat]
     for_features(ctx, n, [&](std::size_t j0, std::size_t j1) {
       kernels::column_sum_dot_f64(dy.data() + j0, xhat_.data() + j0, n, c, j1 - j0, sum.data() + j0,
-                                  sum.data() + c + j0);
+                                  sum.data() + c + j0, relu_out ? relu_out + j0 : nullptr);
     });
     if (!accumulate_affine_grads(ctx, sum)) {
       dx.resize({0});
@@ -335,13 +353,17 @@ class BatchNorm {
     if (!training_) {  // constant statistics: dx = gamma * invstd * dy (x-hat not read, as PyTorch)
       for_features(ctx, n, [&](std::size_t j0, std::size_t j1) {
         for (std::size_t r = 0; r < n; ++r)
-          for (std::size_t j = j0; j < j1; ++j) dx.data()[r * c + j] = scale_[j] * dy.data()[r * c + j];
+          for (std::size_t j = j0; j < j1; ++j) {
+            const std::size_t i = r * c + j;
+            dx.data()[i] = scale_[j] * (relu_out && !(relu_out[i] > 0.0f) ? 0.0f : dy.data()[i]);
+          }
       });
       return dx;
     }
     for_features(ctx, n, [&](std::size_t j0, std::size_t j1) {
       kernels::batch_norm_dx_columns(dy.data() + j0, xhat_.data() + j0, n, c, j1 - j0, scale_.data() + j0,
-                                     mean_dy_.data() + j0, mean_dy_xhat_.data() + j0, dx.data() + j0);
+                                     mean_dy_.data() + j0, mean_dy_xhat_.data() + j0, dx.data() + j0,
+                                     relu_out ? relu_out + j0 : nullptr);
     });
     return dx;
   }

@@ -178,7 +178,7 @@ class Engine {
     const memory::Use use(backend_memory());
     if (micro_ == 0) {
       const auto scope = record(zero_grad_label_, profile::Category::optimizer);
-      arena_.zero_grad();
+      zero_grad();
     }
     ctx_ = context(true);
     ctx_.sample_offset = micro_samples_ + global_offset;
@@ -523,6 +523,18 @@ class Engine {
     return true;
   }
 
+  // Zeroes the gradients, split over the threads as the optimizer's pass splits them (the same
+  // grain and boundaries for a model of one parameter group), so each thread zeroes the lines
+  // that its share of the weight-gradient GEMMs and of the optimizer then touch.
+  void zero_grad() {
+    const std::span<float> g = arena_.grads();
+    backend::parallel_for(backend_.executor(), g.size(), optimizer_grain,
+                          [&](std::size_t b, std::size_t e) { std::fill_n(g.data() + b, e - b, 0.0f); });
+  }
+
+  // Elements per part of the optimizer's pass and of zero_grad.
+  static constexpr std::size_t optimizer_grain = std::size_t{1} << 15;
+
   // One fused optimizer pass per group segment over the arena range [begin, end) (this rank's
   // block when sharded: its optimizer state starts at `begin`).
   void optimizer_step(std::size_t begin, std::size_t end, float lr) {
@@ -532,7 +544,7 @@ class Engine {
       const optim::GroupScales& g = groups_[seg.group];
       // Elementwise: split at multiples of 64 from the segment's start (the same SIMD/tail split
       // of every element as on one thread).
-      backend::parallel_for(backend_.executor(), e - b, 1u << 15, [&](std::size_t p0, std::size_t p1) {
+      backend::parallel_for(backend_.executor(), e - b, optimizer_grain, [&](std::size_t p0, std::size_t p1) {
         optimizer_.step(arena_.values().subspan(b + p0, p1 - p0), arena_.grads().subspan(b + p0, p1 - p0), state_,
                         StepInfo{lr * g.lr_scale, optimizer_steps(), b + p0 - begin, g.weight_decay_scale});
       });
@@ -584,7 +596,7 @@ class Engine {
     for (std::size_t j = 0; j < chunks; ++j) {
       {
         const auto scope = record(zero_grad_label_, profile::Category::optimizer);
-        arena_.zero_grad();
+        zero_grad();
       }
       const std::size_t begin = std::min(j * chunk, rows), end = std::min(begin + chunk, rows);
       if (end > begin) {
