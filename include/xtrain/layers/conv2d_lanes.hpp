@@ -19,6 +19,7 @@
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/conv.hpp"
 #include "xtrain/kernels/conv_lanes.hpp"
+#include "xtrain/kernels/conv_lanes_bf16.hpp"
 #include "xtrain/kernels/simd.hpp"
 
 namespace xtrain::layers::detail {
