@@ -333,11 +333,20 @@ bool same_bits(const Tensor<T>& a, const Tensor<T>& b) {
 TEMPLATE_TEST_CASE("Sequential runs a ReLU after BatchNorm inside it: the same values as the two layers", "[conv]",
                    float, bf16, fp16) {
   // Planes of 65 (a tail past the groups of 16) and, for BatchNorm1d, of 300 (two chunks) and
-  // rows (no planes).
-  auto check = [](auto make_bn, const Shape& shape) {
+  // rows (no planes). With `specials`, x has a NaN in column 6 and dy an inf, a NaN and a -0, and
+  // everything is compared bit for bit.
+  auto check = [](auto make_bn, const Shape& shape, bool specials = false) {
     INFO("input " << shape.str());
     Tensor<TestType> x(shape), dy(shape);
-    const Matrix x32 = random_tensor(shape, 31), dy32 = random_tensor(shape, 32);
+    Matrix x32 = random_tensor(shape, 31), dy32 = random_tensor(shape, 32);
+    if (specials) {
+      x32.data()[3 * shape[1] + 6] = std::numeric_limits<float>::quiet_NaN();
+      dy32.data()[1] = std::numeric_limits<float>::infinity();
+      dy32.data()[2] = std::numeric_limits<float>::quiet_NaN();
+      dy32.data()[shape[1] + 1] = -0.0f;
+    }
+    const auto same = [&](const auto& a, const auto& b) { return specials ? same_bits(a, b) : same_values(a, b); };
+    const auto bits = [](float v) { return std::bit_cast<std::uint32_t>(v); };
     kernels::from_float(x32.data(), x.data(), x.size());
     kernels::from_float(dy32.data(), dy.data(), dy.size());
     nn::Sequential fused{make_bn(), nn::ReLU{}};
@@ -351,13 +360,13 @@ TEMPLATE_TEST_CASE("Sequential runs a ReLU after BatchNorm inside it: the same v
       REQUIRE(fused.template get<0>().relu_applied());
       const Tensor<TestType>& expected = relu.forward(ctx, bn.forward(ctx, x));
       REQUIRE(!bn.relu_applied());
-      REQUIRE(same_values(y, expected));
+      REQUIRE(same(y, expected));
       const Tensor<TestType>& dx = fused.backward(ctx, dy);
-      REQUIRE(same_values(dx, bn.backward(ctx, relu.backward(ctx, dy))));
+      REQUIRE(same(dx, bn.backward(ctx, relu.backward(ctx, dy))));
       auto& inner = fused.template get<0>();
       for (std::size_t j = 0; j < shape[1]; ++j) {
-        REQUIRE(inner.weight().grads()[j] == bn.weight().grads()[j]);
-        REQUIRE(inner.bias().grads()[j] == bn.bias().grads()[j]);
+        REQUIRE(bits(inner.weight().grads()[j]) == bits(bn.weight().grads()[j]));
+        REQUIRE(bits(inner.bias().grads()[j]) == bits(bn.bias().grads()[j]));
       }
     }
   };
@@ -386,7 +395,9 @@ TEMPLATE_TEST_CASE("Sequential runs a ReLU after BatchNorm inside it: the same v
         return bn;
       },
       Shape{2, 4, 300});
-  // Over [N, C] rows (a BatchNorm1d after a Linear): 4 features, and 70 (SIMD runs and a tail).
+  // Over [N, C] rows (a BatchNorm1d after a Linear): 4 features, and 70 (SIMD runs and a tail),
+  // with a NaN input, gamma 0 and beta -0 (outputs of -0), gamma inf, and an inf, a NaN and a -0
+  // in dy.
   check(
       [&] {
         nn::BatchNorm1d bn{4};
@@ -398,9 +409,12 @@ TEMPLATE_TEST_CASE("Sequential runs a ReLU after BatchNorm inside it: the same v
       [&] {
         nn::BatchNorm1d bn{70};
         setup(bn);
+        bn.weight().values()[4] = 0.0f;
+        bn.bias().values()[4] = -0.0f;
+        bn.weight().values()[5] = std::numeric_limits<float>::infinity();
         return bn;
       },
-      Shape{19, 70});
+      Shape{19, 70}, true);
   Context ctx;
   // The fusion follows the module that is there at each forward: a ReLU replaced by tanh runs tanh.
   nn::Sequential replaced{nn::BatchNorm2d{2}, nn::Activation(nn::ActivationKind::relu)};

@@ -64,7 +64,7 @@ class BatchNorm {
   }
   bool sync_stats() const noexcept { return sync_; }
 
-  /// Applies ReLU to its output over planes: max(y, 0), and ReLU's backward before its own (the
+  /// Applies ReLU to its output: max(y, 0), and ReLU's backward before its own (the
   /// same values as a ReLU layer after it, without that layer's passes over memory). Sequential
   /// sets it before each forward (on when the next module is a ReLU) and skips that ReLU whenever
   /// relu_applied(). A BatchNorm taken out of a Sequential keeps the setting of its last forward.
@@ -93,10 +93,11 @@ class BatchNorm {
     if (spatial(x) != 1) return forward_planes(ctx, x);  // planes, or none (an empty plane)
     planes_ = false;
     relu_applied_ = fuse_relu_;
+    x_type_ = activation_type_index<T>;
     if constexpr (std::is_same_v<T, float>)
       return forward_f32(ctx, x, y_);
     else
-      return through_f32(ctx, x,
+      return through_f32(ctx, x, out_,
                          [&](const Matrix& x32, Matrix& y) -> const Matrix& { return forward_f32(ctx, x32, y); });
   }
 
@@ -104,10 +105,12 @@ class BatchNorm {
   template <ActivationType T>
   const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
     if (planes_) return backward_planes(ctx, dy);
+    check_backward_type<T>();
     if constexpr (std::is_same_v<T, float>) {
       return backward_f32(ctx, dy, dx_, relu_applied_ ? y_.data() : nullptr);
     } else {
-      return through_f32(ctx, dy, [&](Matrix& dy32, Matrix& dx) -> const Matrix& {
+      // dx goes to grad_, so out_ stays the output (the fused ReLU's mask) until the next forward.
+      return through_f32(ctx, dy, grad_, [&](Matrix& dy32, Matrix& dx) -> const Matrix& {
         if (relu_applied_) mask_by_output(ctx, out_.get<T>(), dy32);
         return backward_f32(ctx, dy32, dx, nullptr);
       });
@@ -134,22 +137,29 @@ class BatchNorm {
 
  private:
   // bf16/fp16: widens `in` into a tensor of the thread's workspace, runs f(in32, out32) with a
-  // second one as the fp32 output, and rounds that into this layer's output of type T (per
-  // thread, not per layer: only x-hat and the 16-bit result stay with the layer).
+  // second one as the fp32 output, and rounds that into `dest` of type T (per thread, not per
+  // layer: only x-hat and the 16-bit results stay with the layer).
   template <class T, class F>
-  const Tensor<T>& through_f32(Context& ctx, const Tensor<T>& in, F&& f) {
+  const Tensor<T>& through_f32(Context& ctx, const Tensor<T>& in, ActivationBuffers& dest, F&& f) {
     const backend::WorkspaceFor ws(ctx.executor);
     Matrix& in32 = ws->tensor(0, in.shape());
     Matrix& out32 = ws->tensor(1, in.shape());  // f gives it this shape (or none)
     kernels::to_float(in.data(), in32.data(), in.size(), ctx.executor);
     const Matrix& r = f(in32, out32);
-    Tensor<T>& out = out_.get<T>();
+    Tensor<T>& out = dest.get<T>();
     out.resize(r.shape());
     kernels::from_float(r.data(), out.data(), r.size(), ctx.executor);
     return out;
   }
 
   static std::string name() { return Dims == 1 ? "BatchNorm1d" : "BatchNorm2d"; }
+
+  // A backward in T must follow a forward in T (its saved tensors are of that type).
+  template <class T>
+  void check_backward_type() const {
+    XTRAIN_CHECK(x_type_ == activation_type_index<T>, ValueError, describe(), ": backward in ",
+                 activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(x_type_));
+  }
 
   // f(j0, j1) over ranges of the features, split over the context's threads (each feature's
   // sums still run over the rows in order on one thread: the same values on any thread count).
@@ -262,8 +272,7 @@ class BatchNorm {
   // Planes: dgamma, dbeta and dx (in grad_) from dy, x and the statistics of the last forward.
   template <class T>
   const Tensor<T>& backward_planes(Context& ctx, const Tensor<T>& dy) {
-    XTRAIN_CHECK(x_type_ == activation_type_index<T>, ValueError, describe(), ": backward in ",
-                 activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(x_type_));
+    check_backward_type<T>();
     const Tensor<T>& x = *static_cast<const Tensor<T>*>(x_);
     XTRAIN_CHECK(dy.shape() == x.shape(), ShapeError, describe(), ": gradient has shape ", dy.shape().str(),
                  ", expected ", x.shape().str());
@@ -325,6 +334,8 @@ class BatchNorm {
   // above 0 (the mask a ReLU layer after this one would have applied, from its 16-bit input).
   template <class T>
   void mask_by_output(Context& ctx, const Tensor<T>& out, Matrix& dy32) const {
+    XTRAIN_CHECK(out.shape() == dy32.shape(), ShapeError, describe(), ": gradient has shape ", dy32.shape().str(),
+                 ", expected ", out.shape().str());
     const std::size_t n = dy32.shape(0), c = features_;
     for_features(ctx, n, [&](std::size_t j0, std::size_t j1) {
       for (std::size_t r = 0; r < n; ++r)
@@ -378,10 +389,10 @@ class BatchNorm {
   bool training_ = true, sync_ = false, synced_ = false, planes_ = false, fuse_relu_ = false, relu_applied_ = false;
   double count_ = 0.0;       // rows the last training statistics came from
   Matrix xhat_, y_, dx_;     // rows, fp32: x-hat (kept for backward), output, input gradient
-  ActivationBuffers out_;    // rows, bf16/fp16: output or input gradient; planes: output
-  ActivationBuffers grad_;   // planes: input gradient
+  ActivationBuffers out_;    // bf16/fp16 rows, planes: the output
+  ActivationBuffers grad_;   // bf16/fp16 rows, planes: the input gradient
   const void* x_ = nullptr;  // planes: the Tensor<T> of the last forward
-  int x_type_ = 0;           // planes: its activation type (activation_type_index)
+  int x_type_ = 0;           // the last forward's activation type (activation_type_index)
 };
 
 /// Over [N, C] or [N, C, L] (PyTorch's nn.BatchNorm1d).

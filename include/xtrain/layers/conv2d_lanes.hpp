@@ -3,9 +3,9 @@
 /// Conv2d's image_lanes algorithm over a batch (layers/conv2d.hpp): the images in groups of one
 /// per SIMD lane (kernels/conv_lanes.hpp), the groups split over the backend's threads, each
 /// group framed in its thread's workspace. In bf16 with AVX512_BF16 the products are bf16
-/// (vdpbf16ps on pairs of channels or columns), otherwise fp32. Each group of images writes its
-/// own weight-gradient partial, which the layer adds in order: the result does not depend on the
-/// thread count.
+/// (vdpbf16ps on pairs of channels or columns: kernels/conv_lanes_bf16.hpp), otherwise fp32.
+/// Each group of images writes its own weight-gradient partial, which the layer adds in order:
+/// the result does not depend on the thread count.
 
 #include <algorithm>
 #include <cstddef>

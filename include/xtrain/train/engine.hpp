@@ -523,9 +523,8 @@ class Engine {
     return true;
   }
 
-  // Zeroes the gradients, split over the threads as the optimizer's pass splits them (the same
-  // grain and boundaries for a model of one parameter group), so each thread zeroes the lines
-  // that its share of the weight-gradient GEMMs and of the optimizer then touch.
+  // Zeroes the gradients split over the threads (the optimizer pass's grain; the same boundaries
+  // for a model of one parameter group), rather than on the driving thread alone.
   void zero_grad() {
     const std::span<float> g = arena_.grads();
     backend::parallel_for(backend_.executor(), g.size(), optimizer_grain,
