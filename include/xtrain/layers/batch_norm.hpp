@@ -183,82 +183,48 @@ class BatchNorm {
     return n;
   }
 
-  // Where the second half of scratch_ starts: past [first half (c)][count], at a multiple of 8
-  // doubles (a cache line), so that threads working on neighbouring features never write one line.
-  std::size_t second_half() const noexcept { return (features_ + 8) / 8 * 8; }
-
   // Training: mean_, invstd_ and the running estimates from x's batch statistics (this rank's
   // rows, or all ranks' for SyncBatchNorm); evaluation: mean_, invstd_ from the running estimates.
-  // Then after(j0, j1) over ranges of the features: without SyncBatchNorm in the same parallel
-  // region, each thread finishing the statistics of its features and going on with them (one
-  // fork-join, and the values stay in the cache of the core that computed them).
   // sp = 1: x [N, C] rows (fp32); else planes of sp values of type S.
-  template <class S, class After>
-  void statistics(Context& ctx, const S* px, const Shape& shape, std::size_t sp, After&& after) {
-    const std::size_t n = shape[0], c = features_, h = second_half();
+  template <class S>
+  void statistics(Context& ctx, const S* px, const Shape& shape, std::size_t sp) {
+    const std::size_t n = shape[0], c = features_;
     training_ = ctx.training;
     if (!ctx.training) {
       for (std::size_t j = 0; j < c; ++j) {
         mean_[j] = running_mean_[j];
         invstd_[j] = 1.0f / std::sqrt(running_var_[j] + eps_);
       }
-      for_features(ctx, n * sp, after);
       return;
     }
     Collectives* sync = sync_ ? ctx.collectives : nullptr;
-    auto& sum = scratch_;  // [sum x (c)] [count] ... [sum (x - mean)^2 (c) at second_half()]
-    double* ssd = sum.data() + h;
-    const auto add_sums = [&](std::size_t j0, std::size_t j1) {
+    auto& sum = scratch_;  // [sum x (c)] [count] [sum (x - mean)^2 (c)]
+    sum.assign(2 * c + 1, 0.0);
+    for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
       if constexpr (std::is_same_v<S, float>)
         if (sp == 1) return kernels::column_sums_f64(px + j0, n, c, j1 - j0, sum.data() + j0);
       for (std::size_t r = 0; r < n; ++r)
         for (std::size_t j = j0; j < j1; ++j) sum[j] += kernels::planes::sum(px + (r * c + j) * sp, sp);
-    };
-    const auto add_sq_dev = [&](std::size_t j0, std::size_t j1) {
+    });
+    sum[c] = static_cast<double>(n * sp);
+    if (sync) sync->allreduce_sum(std::span<double>(sum.data(), c + 1), "SyncBatchNorm mean");
+    const double total = sum[c];
+    XTRAIN_CHECK(total > 1, ValueError, describe(),
+                 ": expected more than 1 value per channel when training, got input of shape ", shape.str(),
+                 " (use a batch of 2 or more, or drop_last)");
+    for (std::size_t j = 0; j < c; ++j) mean_[j] = static_cast<float>(sum[j] / total);
+    double* ssd = sum.data() + c + 1;
+    for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
       if constexpr (std::is_same_v<S, float>)
         if (sp == 1) return kernels::column_sq_dev_f64(px + j0, n, c, j1 - j0, mean_.data() + j0, ssd + j0);
       for (std::size_t r = 0; r < n; ++r)
         for (std::size_t j = j0; j < j1; ++j) ssd[j] += kernels::planes::sq_dev(px + (r * c + j) * sp, sp, mean_[j]);
-    };
-    const auto finish = [&](std::size_t j0, std::size_t j1, double total) {
-      for (std::size_t j = j0; j < j1; ++j) {
-        invstd_[j] = static_cast<float>(1.0 / std::sqrt(ssd[j] / total + eps_));
-        running_mean_[j] = (1.0f - momentum_) * running_mean_[j] + momentum_ * mean_[j];
-        running_var_[j] = (1.0f - momentum_) * running_var_[j] + momentum_ * static_cast<float>(ssd[j] / (total - 1));
-      }
-    };
-    const auto check_total = [&](double total) {
-      XTRAIN_CHECK(total > 1, ValueError, describe(),
-                   ": expected more than 1 value per channel when training, got input of shape ", shape.str(),
-                   " (use a batch of 2 or more, or drop_last)");
-    };
-    double total = static_cast<double>(n * sp);
-    if (!sync) {
-      check_total(total);
-      sum.resize(h + c);
-      ssd = sum.data() + h;
-      for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
-        std::fill(sum.data() + j0, sum.data() + j1, 0.0);
-        std::fill(ssd + j0, ssd + j1, 0.0);
-        add_sums(j0, j1);
-        for (std::size_t j = j0; j < j1; ++j) mean_[j] = static_cast<float>(sum[j] / total);
-        add_sq_dev(j0, j1);
-        finish(j0, j1, total);
-        after(j0, j1);
-      });
-    } else {
-      sum.assign(h + c, 0.0);
-      ssd = sum.data() + h;
-      for_features(ctx, n * sp, add_sums);
-      sum[c] = total;
-      sync->allreduce_sum(std::span<double>(sum.data(), c + 1), "SyncBatchNorm mean");
-      total = sum[c];
-      check_total(total);
-      for (std::size_t j = 0; j < c; ++j) mean_[j] = static_cast<float>(sum[j] / total);
-      for_features(ctx, n * sp, add_sq_dev);
-      sync->allreduce_sum(std::span<double>(ssd, c), "SyncBatchNorm variance");
-      finish(0, c, total);
-      for_features(ctx, n * sp, after);
+    });
+    if (sync) sync->allreduce_sum(std::span<double>(ssd, c), "SyncBatchNorm variance");
+    for (std::size_t j = 0; j < c; ++j) {
+      invstd_[j] = static_cast<float>(1.0 / std::sqrt(ssd[j] / total + eps_));
+      running_mean_[j] = (1.0f - momentum_) * running_mean_[j] + momentum_ * mean_[j];
+      running_var_[j] = (1.0f - momentum_) * running_var_[j] + momentum_ * static_cast<float>(ssd[j] / (total - 1));
     }
     count_ = total;
     synced_ = sync != nullptr;
@@ -270,7 +236,8 @@ class BatchNorm {
     const std::size_t n = x.shape(0), c = features_;
     xhat_.resize(x.shape());
     y.resize(x.shape());
-    statistics(ctx, x.data(), x.shape(), 1, [&](std::size_t j0, std::size_t j1) {
+    statistics(ctx, x.data(), x.shape(), 1);
+    for_features(ctx, n, [&](std::size_t j0, std::size_t j1) {
       kernels::normalize_columns(x.data() + j0, n, c, j1 - j0, mean_.data() + j0, invstd_.data() + j0,
                                  weight_.data() + j0, bias_.data() + j0, xhat_.data() + j0, y.data() + j0,
                                  relu_applied_);
@@ -283,22 +250,22 @@ class BatchNorm {
   template <class T>
   const Tensor<T>& forward_planes(Context& ctx, const Tensor<T>& x) {
     const std::size_t n = x.shape(0), c = features_, sp = spatial_size(x.shape());
+    statistics(ctx, x.data(), x.shape(), sp);
+    planes_ = true;
+    relu_applied_ = fuse_relu_;
+    x_ = &x;
+    x_type_ = activation_type_index<T>;
     Tensor<T>& y = out_.get<T>();
     y.resize(x.shape());
     const float* g = weight_.data();
     const float* b = bias_.data();
-    const bool relu = fuse_relu_;
-    statistics(ctx, x.data(), x.shape(), sp, [&](std::size_t j0, std::size_t j1) {
+    for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
       for (std::size_t r = 0; r < n; ++r)
         for (std::size_t j = j0; j < j1; ++j) {
           const std::size_t o = (r * c + j) * sp;
-          kernels::planes::normalize(x.data() + o, sp, mean_[j], invstd_[j], g[j], b[j], relu, y.data() + o);
+          kernels::planes::normalize(x.data() + o, sp, mean_[j], invstd_[j], g[j], b[j], relu_applied_, y.data() + o);
         }
     });
-    planes_ = true;
-    relu_applied_ = relu;
-    x_ = &x;
-    x_type_ = activation_type_index<T>;
     return y;
   }
 
@@ -312,76 +279,55 @@ class BatchNorm {
     const std::size_t n = x.shape(0), c = features_, sp = spatial_size(x.shape());
     const float* g = weight_.data();
     const float* b = bias_.data();
+    auto& sum = scratch_;
+    sum.assign(2 * c, 0.0);  // [sum dy, sum dy * xhat]
+    for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t j = j0; j < j1; ++j) {
+          const std::size_t o = (r * c + j) * sp;
+          kernels::planes::sum_dot_xhat(dy.data() + o, x.data() + o, sp, mean_[j], invstd_[j], g[j], b[j],
+                                        relu_applied_, sum[j], sum[c + j]);
+        }
+    });
     Tensor<T>& dx = grad_.get<T>();
-    dx.resize(ctx.input_grad ? x.shape() : Shape{0});
-    backward_passes(
-        ctx, n * sp,
-        [&](std::size_t j0, std::size_t j1, double* sum_dy, double* sum_dy_xhat) {
-          for (std::size_t r = 0; r < n; ++r)
-            for (std::size_t j = j0; j < j1; ++j) {
-              const std::size_t o = (r * c + j) * sp;
-              kernels::planes::sum_dot_xhat(dy.data() + o, x.data() + o, sp, mean_[j], invstd_[j], g[j], b[j],
-                                            relu_applied_, sum_dy[j], sum_dy_xhat[j]);
-            }
-        },
-        [&](std::size_t j0, std::size_t j1) {
-          for (std::size_t r = 0; r < n; ++r)
-            for (std::size_t j = j0; j < j1; ++j) {
-              const std::size_t o = (r * c + j) * sp;
-              kernels::planes::input_grad(dy.data() + o, x.data() + o, sp, mean_[j], invstd_[j], g[j], b[j],
-                                          relu_applied_, training_, scale_[j], mean_dy_[j], mean_dy_xhat_[j],
-                                          dx.data() + o);
-            }
-        });
+    if (!accumulate_affine_grads(ctx, sum)) {
+      dx.resize({0});
+      return dx;
+    }
+    dx.resize(x.shape());
+    for_features(ctx, n * sp, [&](std::size_t j0, std::size_t j1) {
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t j = j0; j < j1; ++j) {
+          const std::size_t o = (r * c + j) * sp;
+          kernels::planes::input_grad(dy.data() + o, x.data() + o, sp, mean_[j], invstd_[j], g[j], b[j], relu_applied_,
+                                      training_, scale_[j], mean_dy_[j], mean_dy_xhat_[j], dx.data() + o);
+        }
+    });
     return dx;
   }
 
-  // The backward passes over the features: sums(j0, j1, sum_dy, sum_dy_xhat) adds this rank's sums
-  // of dy and dy * x-hat for features [j0, j1) (into arrays indexed by feature); then dgamma +=
-  // sum_dy_xhat, dbeta += sum_dy (this rank's share: the gradient reduction sums the ranks); then,
-  // when ctx.input_grad, scale_, mean_dy_ and mean_dy_xhat_ for dx = scale * (dy - mean_dy - xhat
-  // * mean_dy_xhat) (the means over the rows the statistics came from: all ranks' for
-  // SyncBatchNorm; zero in eval mode) and dx(j0, j1). One parallel region, each thread going on
-  // with its own features, unless SyncBatchNorm all-reduces the sums in between.
-  template <class Sums, class Dx>
-  void backward_passes(Context& ctx, std::size_t per_feature, Sums&& sums, Dx&& dx) {
-    const std::size_t c = features_, h = second_half();
-    auto& sum = scratch_;  // [sum dy (c)] ... [sum dy * xhat (c) at second_half()]
+  // dgamma += sum[c + j], dbeta += sum[j] (sum: [sum dy (c)] [sum dy * xhat (c)], this rank's
+  // share: the gradient reduction sums the ranks). When ctx.input_grad, sets scale_, mean_dy_
+  // and mean_dy_xhat_ for dx = scale * (dy - mean_dy - xhat * mean_dy_xhat), the means over the
+  // rows the statistics came from (all ranks' for SyncBatchNorm; zero in eval mode), and returns
+  // true.
+  bool accumulate_affine_grads(Context& ctx, std::vector<double, memory::Allocator<double>>& sum) {
+    const std::size_t c = features_;
     float* gw = weight_.grad();
     float* gb = bias_.grad();
-    const float* g = weight_.data();
-    const auto affine_grads = [&](std::size_t j0, std::size_t j1) {
-      for (std::size_t j = j0; j < j1; ++j) {
-        gw[j] += static_cast<float>(sum[h + j]);
-        gb[j] += static_cast<float>(sum[j]);
-      }
-    };
-    const auto coefficients = [&](std::size_t j0, std::size_t j1) {
-      for (std::size_t j = j0; j < j1; ++j) {
-        mean_dy_[j] = training_ ? static_cast<float>(sum[j] / count_) : 0.0f;
-        mean_dy_xhat_[j] = training_ ? static_cast<float>(sum[h + j] / count_) : 0.0f;
-        scale_[j] = g[j] * invstd_[j];
-      }
-    };
-    if (!(ctx.input_grad && training_ && synced_ && ctx.collectives)) {
-      sum.resize(h + c);
-      for_features(ctx, per_feature, [&](std::size_t j0, std::size_t j1) {
-        std::fill(sum.data() + j0, sum.data() + j1, 0.0);
-        std::fill(sum.data() + h + j0, sum.data() + h + j1, 0.0);
-        sums(j0, j1, sum.data(), sum.data() + h);
-        affine_grads(j0, j1);
-        if (!ctx.input_grad) return;
-        coefficients(j0, j1);
-        dx(j0, j1);
-      });
-      return;
+    for (std::size_t j = 0; j < c; ++j) {
+      gw[j] += static_cast<float>(sum[c + j]);
+      gb[j] += static_cast<float>(sum[j]);
     }
-    sum.assign(h + c, 0.0);
-    for_features(ctx, per_feature, [&](std::size_t j0, std::size_t j1) { sums(j0, j1, sum.data(), sum.data() + h); });
-    affine_grads(0, c);
-    ctx.collectives->allreduce_sum(sum, "SyncBatchNorm backward");
-    coefficients(0, c);
-    for_features(ctx, per_feature, dx);
+    if (!ctx.input_grad) return false;
+    if (training_ && synced_ && ctx.collectives) ctx.collectives->allreduce_sum(sum, "SyncBatchNorm backward");
+    const float* g = weight_.data();
+    for (std::size_t j = 0; j < c; ++j) {
+      mean_dy_[j] = training_ ? static_cast<float>(sum[j] / count_) : 0.0f;
+      mean_dy_xhat_[j] = training_ ? static_cast<float>(sum[c + j] / count_) : 0.0f;
+      scale_[j] = g[j] * invstd_[j];
+    }
+    return true;
   }
 
   // Rows of 16-bit values with the ReLU fused: dy32[i] = 0 where the rounded output out[i] is not
@@ -404,27 +350,32 @@ class BatchNorm {
     const std::size_t n = xhat_.shape(0), c = features_;
     XTRAIN_CHECK(dy.shape() == xhat_.shape(), ShapeError, describe(), ": gradient has shape ", dy.shape().str(),
                  ", expected ", xhat_.shape().str());
-    const float* mask = relu_out;
-    dx.resize(ctx.input_grad ? xhat_.shape() : Shape{0});
-    backward_passes(
-        ctx, n,
-        [&](std::size_t j0, std::size_t j1, double* sum_dy, double* sum_dy_xhat) {
-          kernels::column_sum_dot_f64(dy.data() + j0, xhat_.data() + j0, n, c, j1 - j0, sum_dy + j0, sum_dy_xhat + j0,
-                                      mask ? mask + j0 : nullptr);
-        },
-        [&](std::size_t j0, std::size_t j1) {
-          if (!training_) {  // constant statistics: dx = gamma * invstd * dy (x-hat not read, as PyTorch)
-            for (std::size_t r = 0; r < n; ++r)
-              for (std::size_t j = j0; j < j1; ++j) {
-                const std::size_t i = r * c + j;
-                dx.data()[i] = scale_[j] * (mask && !(mask[i] > 0.0f) ? 0.0f : dy.data()[i]);
-              }
-            return;
+    auto& sum = scratch_;
+    sum.assign(2 * c, 0.0);  // [sum dy, sum dy * xhat]
+    for_features(ctx, n, [&](std::size_t j0, std::size_t j1) {
+      kernels::column_sum_dot_f64(dy.data() + j0, xhat_.data() + j0, n, c, j1 - j0, sum.data() + j0,
+                                  sum.data() + c + j0, relu_out ? relu_out + j0 : nullptr);
+    });
+    if (!accumulate_affine_grads(ctx, sum)) {
+      dx.resize({0});
+      return dx;
+    }
+    dx.resize(xhat_.shape());
+    if (!training_) {  // constant statistics: dx = gamma * invstd * dy (x-hat not read, as PyTorch)
+      for_features(ctx, n, [&](std::size_t j0, std::size_t j1) {
+        for (std::size_t r = 0; r < n; ++r)
+          for (std::size_t j = j0; j < j1; ++j) {
+            const std::size_t i = r * c + j;
+            dx.data()[i] = scale_[j] * (relu_out && !(relu_out[i] > 0.0f) ? 0.0f : dy.data()[i]);
           }
-          kernels::batch_norm_dx_columns(dy.data() + j0, xhat_.data() + j0, n, c, j1 - j0, scale_.data() + j0,
-                                         mean_dy_.data() + j0, mean_dy_xhat_.data() + j0, dx.data() + j0,
-                                         mask ? mask + j0 : nullptr);
-        });
+      });
+      return dx;
+    }
+    for_features(ctx, n, [&](std::size_t j0, std::size_t j1) {
+      kernels::batch_norm_dx_columns(dy.data() + j0, xhat_.data() + j0, n, c, j1 - j0, scale_.data() + j0,
+                                     mean_dy_.data() + j0, mean_dy_xhat_.data() + j0, dx.data() + j0,
+                                     relu_out ? relu_out + j0 : nullptr);
+    });
     return dx;
   }
 
