@@ -534,13 +534,24 @@ void by_output_run(const float* x, std::size_t channels, std::size_t x_ld, const
       out += P * OV * L;
       count -= P;
     };
-    if (count >= full)
+    // Tiles of 10 and 7 only where they are shorter than a full one (AVX2: full may be 6).
+    if (count >= full) {
       tile.template operator()<full>();
-    else if (count >= 10)
-      tile.template operator()<std::min<std::size_t>(10, full)>();
-    else if (count >= 7)
-      tile.template operator()<std::min<std::size_t>(7, full)>();
-    else if (count >= 4)
+      continue;
+    }
+    if constexpr (full > 10) {
+      if (count >= 10) {
+        tile.template operator()<10>();
+        continue;
+      }
+    }
+    if constexpr (full > 7) {
+      if (count >= 7) {
+        tile.template operator()<7>();
+        continue;
+      }
+    }
+    if (count >= 4)
       tile.template operator()<4>();
     else if (count >= 2)
       tile.template operator()<2>();

@@ -48,13 +48,12 @@ struct Rows {
   static void store(S* p, const B& v) noexcept {
     if constexpr (std::is_same_v<S, float>) {
       v.store_unaligned(p);
-    } else if constexpr (std::is_same_v<S, bf16>) {
-#if defined(__AVX512F__)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), round_bf16(static_cast<__m512>(v)));
-#endif
     } else {
 #if defined(__AVX512F__)
-      store16(p, v);
+      if constexpr (std::is_same_v<S, bf16>)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), round_bf16(static_cast<__m512>(v)));
+      else
+        store16(p, v);
 #endif
     }
   }
