@@ -145,31 +145,31 @@ int run_training(const Flags& flags) {
     return nn::Sequential{nn::Linear{features, flags.hidden}, nn::BatchNorm1d{flags.hidden}.sync_stats(flags.sync_bn),
                           nn::Activation{activation}, nn::Linear{flags.hidden, classes}};
   };
-  xtrain::memory::PeakMeter meter;
+  xtrain::profile::PeakMeter meter;
   const std::size_t batch_per_rank =
       flags.global_batch ? flags.global_batch / ranks / flags.accumulate : flags.batch / flags.accumulate;
-  xtrain::MemoryEstimate estimate;
+  xtrain::profile::MemoryEstimate estimate;
   if (flags.estimate_memory) {
-    const xtrain::MemoryOptions memory{.sample_shape = xtrain::Shape{features},
-                                       .ranks = ranks,
-                                       .shard_optimizer = flags.shard_optimizer,
-                                       .eval_batch = xtrain::TrainerOptions{}.eval_batch_size(),
-                                       .gradient_compression_bytes = flags.compress == "none" ? 4u : 2u,
-                                       .prefetch = xtrain::backend::resolve_threads(flags.threads) > 1};
-    const std::vector<xtrain::MemoryEstimate> all = [&] {  // the model copy is gone before the measurement
+    const xtrain::profile::MemoryOptions memory{.sample_shape = xtrain::Shape{features},
+                                                .ranks = ranks,
+                                                .shard_optimizer = flags.shard_optimizer,
+                                                .eval_batch = xtrain::TrainerOptions{}.eval_batch_size(),
+                                                .gradient_compression_bytes = flags.compress == "none" ? 4u : 2u,
+                                                .prefetch = xtrain::backend::resolve_threads(flags.threads) > 1};
+    const std::vector<xtrain::profile::MemoryEstimate> all = [&] {  // the model copy is gone before the measurement
       const auto m = make_model();
       const auto adam = xtrain::optim::Adam{}.lr(flags.lr);
-      return std::vector<xtrain::MemoryEstimate>{
-          xtrain::estimate_memory<xtrain::FullPrecision>(m, adam, batch_per_rank, memory),
-          xtrain::estimate_memory<xtrain::MixedPrecision<xtrain::bf16>>(m, adam, batch_per_rank, memory),
-          xtrain::estimate_memory<xtrain::MixedPrecision<xtrain::fp16>>(m, adam, batch_per_rank, memory)};
+      return std::vector<xtrain::profile::MemoryEstimate>{
+          xtrain::profile::estimate_memory<xtrain::FullPrecision>(m, adam, batch_per_rank, memory),
+          xtrain::profile::estimate_memory<xtrain::MixedPrecision<xtrain::bf16>>(m, adam, batch_per_rank, memory),
+          xtrain::profile::estimate_memory<xtrain::MixedPrecision<xtrain::fp16>>(m, adam, batch_per_rank, memory)};
     }();
     if (main_process)
       std::printf(
           "Estimated memory per process (Adam; the data set itself, %.1f MiB, not counted; 16-bit runs keep no "
           "16-bit weight copies: the GEMMs round the fp32 weights as they pack them):\n%s",
           static_cast<double>((train.size() + test.size()) * (features + 1) * 4) / (1 << 20),
-          xtrain::memory_table(all, batch_per_rank, memory).c_str());
+          xtrain::profile::memory_table(all, batch_per_rank, memory).c_str());
     if (!flags.verify_memory) return 0;
     if (ranks > 1) {
       if (main_process) std::printf("--verify measures one process: run it without mpirun\n");

@@ -1,4 +1,4 @@
-// The memory estimator (include/xtrain/profile/memory.hpp): its parts for fp32 + Adam (16 bytes
+// The memory estimator (include/xtrain/profile/memory_estimate.hpp): its parts for fp32 + Adam (16 bytes
 // per parameter, as the anatomy guide's table), and its total against the peak measured while the
 // Trainer trains and evaluates (within 10 %), for the homework's MLP and the wide model, in fp32
 // and bf16.
@@ -8,7 +8,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "xtrain/profile/memory.hpp"
+#include "xtrain/profile/memory_estimate.hpp"
 #include "xtrain/xtrain.hpp"
 
 using namespace xtrain;
@@ -23,12 +23,12 @@ data::TensorDataset zeros(std::size_t n) {
 // thread of its own (its counters start at zero), and the estimate.
 template <class Precision, class MakeModel>
 std::pair<double, double> measured_and_estimated(MakeModel make_model, std::size_t batch, std::size_t eval_batch) {
-  const MemoryOptions options{.sample_shape = Shape{784}, .eval_batch = eval_batch};
-  const MemoryEstimate e = estimate_memory<Precision>(make_model(), optim::Adam{}, batch, options);
+  const profile::MemoryOptions options{.sample_shape = Shape{784}, .eval_batch = eval_batch};
+  const profile::MemoryEstimate e = profile::estimate_memory<Precision>(make_model(), optim::Adam{}, batch, options);
   const auto train = zeros(20 * batch), test = zeros(2 * eval_batch);
   std::int64_t peak = 0;
   std::thread t([&] {
-    memory::PeakMeter meter;
+    profile::PeakMeter meter;
     meter.start();
     Trainer<decltype(make_model()), optim::Adam, Precision> trainer(
         make_model(), optim::Adam{},
@@ -45,8 +45,8 @@ auto wide() { return nn::Sequential{nn::Linear{784, 1024}, nn::ReLU{}, nn::Linea
 }  // namespace
 
 TEST_CASE("estimate_memory: parameters, gradients and Adam state are 16 bytes per parameter", "[memory]") {
-  const MemoryOptions options{.sample_shape = Shape{784}};
-  const MemoryEstimate e = estimate_memory<FullPrecision>(wide(), optim::Adam{}, 64, options);
+  const profile::MemoryOptions options{.sample_shape = Shape{784}};
+  const profile::MemoryEstimate e = profile::estimate_memory<FullPrecision>(wide(), optim::Adam{}, 64, options);
   REQUIRE(e.parameters == 784 * 1024 + 1024 + 1024 * 10 + 10);
   REQUIRE(e.bytes_per_parameter() == Approx(16.0).epsilon(0.001));  // 4 + 4 + 8 (alignment padding apart)
   REQUIRE(e.optimizer_bytes == Approx(2.0 * static_cast<double>(e.parameter_bytes)).epsilon(0.01));
@@ -55,19 +55,20 @@ TEST_CASE("estimate_memory: parameters, gradients and Adam state are 16 bytes pe
   REQUIRE(e.activation_bytes == Approx(64.0 * (1024 + 2 * 1024 + 10 + 1024) * 4).epsilon(0.01));
   REQUIRE(e.data_bytes == static_cast<std::int64_t>(64 * 784 * 4 + 64 * 4));
   // bf16 halves the activations, keeps the same 16 bytes per parameter (no 16-bit weight copies).
-  const MemoryEstimate b = estimate_memory<MixedPrecision<bf16>>(wide(), optim::Adam{}, 64, options);
+  const profile::MemoryEstimate b = profile::estimate_memory<MixedPrecision<bf16>>(wide(), optim::Adam{}, 64, options);
   REQUIRE(b.bytes_per_parameter() == Approx(16.0).epsilon(0.001));
   REQUIRE(b.activation_bytes < e.activation_bytes * 3 / 4);
   // SGD without momentum keeps no state; ZeRO-1 on 4 ranks keeps a quarter of Adam's.
-  REQUIRE(estimate_memory<FullPrecision>(wide(), optim::SGD{}, 64, options).optimizer_bytes < 4096);
-  const MemoryEstimate sharded = estimate_memory<FullPrecision>(
-      wide(), optim::Adam{}, 64, MemoryOptions{.sample_shape = Shape{784}, .ranks = 4, .shard_optimizer = true});
+  REQUIRE(profile::estimate_memory<FullPrecision>(wide(), optim::SGD{}, 64, options).optimizer_bytes < 4096);
+  const profile::MemoryEstimate sharded = profile::estimate_memory<FullPrecision>(
+      wide(), optim::Adam{}, 64,
+      profile::MemoryOptions{.sample_shape = Shape{784}, .ranks = 4, .shard_optimizer = true});
   REQUIRE(sharded.optimizer_bytes == Approx(static_cast<double>(e.optimizer_bytes) / 4).epsilon(0.01));
-  REQUIRE(memory_table({e, b}, 64, options).find("bytes per parameter") != std::string::npos);
+  REQUIRE(profile::memory_table({e, b}, 64, options).find("bytes per parameter") != std::string::npos);
 }
 
 TEST_CASE("estimate_memory is within 10% of the peak measured while training and evaluating", "[memory]") {
-  if (memory::heap_in_use() < 0) {
+  if (profile::heap_in_use() < 0) {
     WARN("SKIP: the C library cannot report the heap (not glibc 2.33+): nothing to compare with");
     return;
   }

@@ -1,4 +1,4 @@
-// The profiler (include/xtrain/profile/profiler.hpp, report.hpp): module names and nesting of the recorded events, the
+// The profiler (include/xtrain/core/profiler.hpp, report.hpp): module names and nesting of the recorded events, the
 // schedule, the table, Chrome traces (parsed back), several ranks (buckets on the communication
 // track, the all-rank table, the merged trace), bytes allocated.
 #include <filesystem>

@@ -7,12 +7,15 @@
 #include <cstdint>
 #include <span>
 
-#include "xtrain/backend/executor.hpp"
+#include "xtrain/core/memory.hpp"
 
 namespace xtrain {
 
 namespace profile {
 class Profiler;
+}
+namespace backend {
+class Executor;
 }
 
 /// What a module may ask of the communicator during forward/backward (type-erased: modules are
@@ -38,13 +41,17 @@ struct Context {
   void* grads_ready_user = nullptr;
   /// Cross-rank sums for modules that need them (SyncBatchNorm); null on one process.
   Collectives* collectives = nullptr;
-  /// Records each module's forward and backward when set and recording (profile/profiler.hpp);
+  /// Records each module's forward and backward when set and recording (core/profiler.hpp);
   /// null when no profiler is attached.
   profile::Profiler* profiler = nullptr;
-  /// Where kernels run their loops and where buffers live (the Backend's executor,
-  /// backend/cpu.hpp). Null: on the calling thread, in host memory, with scratch allocated per
-  /// kernel call (set a backend::Serial to reuse it when calling modules yourself).
+  /// Where kernels run their loops and keep their scratch (the Backend's executor,
+  /// backend/cpu.hpp). Null: on the calling thread, with scratch allocated per kernel call (set a
+  /// backend::Serial to reuse it when calling modules yourself).
   backend::Executor* executor = nullptr;
+  /// Where the modules' buffers (outputs, saved activations, gradients of inputs) are allocated:
+  /// xtrain::forward and xtrain::backward make it the current resource for the call (the
+  /// Backend's memory; the engine sets both). Null: the calling thread's current resource.
+  memory::Resource* memory = nullptr;
 };
 
 }  // namespace xtrain

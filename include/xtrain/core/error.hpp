@@ -1,12 +1,15 @@
 #pragma once
 /// \file error.hpp
-/// Exception types and the XTRAIN_CHECK macro. Every message names the value, the layer or file,
-/// and the shape involved, and says what to do where that is not obvious.
+/// Exception types, the XTRAIN_CHECK macro, and the exit codes of xtrain programs. Every message
+/// names the value, the layer or file, and the shape involved, and says what to do where that is
+/// not obvious.
 
 #include <cstddef>
+#include <exception>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace xtrain {
@@ -39,6 +42,51 @@ class DataError : public Error {
 class CheckpointError : public Error {
  public:
   using Error::Error;
+};
+
+/// The exit codes of xtrain programs, what a launcher (scripts/xtrain-run) or a Slurm script
+/// decides on. A process killed by signal N shows as 128 + N.
+namespace exit_code {
+inline constexpr int success = 0;
+/// An error a restart may cure: a rank that died or stalled, an I/O error.
+inline constexpr int failure = 1;
+/// A bad command line (the examples' flags): restarting cannot help.
+inline constexpr int usage = 2;
+/// Bad input: a data file, a shape, an option, ranks that disagree (sysexits' EX_DATAERR).
+/// Deterministic: restarting cannot help.
+inline constexpr int bad_input = 65;
+/// Stopped on a signal after saving a checkpoint: resume from it (sysexits' EX_TEMPFAIL).
+inline constexpr int interrupted = 75;
+}  // namespace exit_code
+
+/// The exit code for an error that ended a run: bad_input for a ShapeError, ValueError or
+/// DataError (they recur on every restart), failure for the rest.
+inline int exit_code_of(const std::exception& e) noexcept {
+  if (dynamic_cast<const ShapeError*>(&e) || dynamic_cast<const ValueError*>(&e) || dynamic_cast<const DataError*>(&e))
+    return exit_code::bad_input;
+  return exit_code::failure;
+}
+
+/// Thrown by Trainer::fit on every rank (at the same step) after a stop signal, once the
+/// checkpoint is written. main() returns exit_code(): `catch (const xtrain::Interrupted& e) {
+/// return e.exit_code(); }` (parallel::MpiEnvironment::run does this for you).
+class Interrupted : public std::exception {
+ public:
+  Interrupted(int sig, std::string checkpoint, std::string message)
+      : signal_(sig), checkpoint_(std::move(checkpoint)), message_(std::move(message)) {}
+  /// The signal that stopped the run.
+  int signal() const noexcept { return signal_; }
+  /// The checkpoint folder written, empty when nothing could be saved.
+  const std::string& checkpoint() const noexcept { return checkpoint_; }
+  bool saved() const noexcept { return !checkpoint_.empty(); }
+  /// exit_code::interrupted when a checkpoint was saved, otherwise 128 + the signal (as if the
+  /// signal had killed the process: a restart starts from the previous checkpoint, if any).
+  int exit_code() const noexcept { return saved() ? exit_code::interrupted : 128 + signal_; }
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  int signal_;
+  std::string checkpoint_, message_;
 };
 
 /// a * b, or false when it overflows std::size_t (sizes read from untrusted files).

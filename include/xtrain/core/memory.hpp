@@ -157,10 +157,13 @@ inline Resource& current() {
 /// std::shared_ptr (made by std::make_shared), since each block keeps its resource alive.
 class Use {
  public:
-  explicit Use(Resource& resource) : previous_(detail::current_slot()) {
-    XTRAIN_CHECK(!resource.weak_from_this().expired(), ValueError, "memory resource '", resource.name(),
+  explicit Use(Resource& resource) : Use(&resource) {}
+  /// The same for a resource that may be absent: null keeps the calling thread's current one.
+  explicit Use(Resource* resource) : previous_(detail::current_slot()) {
+    if (!resource) return;
+    XTRAIN_CHECK(!resource->weak_from_this().expired(), ValueError, "memory resource '", resource->name(),
                  "' is not owned by a std::shared_ptr: create it with std::make_shared (its blocks keep it alive)");
-    detail::current_slot() = &resource;
+    detail::current_slot() = resource;
   }
   Use(const Use&) = delete;
   Use& operator=(const Use&) = delete;

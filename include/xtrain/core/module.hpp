@@ -25,8 +25,8 @@
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/param.hpp"
+#include "xtrain/core/profiler.hpp"
 #include "xtrain/core/tensor.hpp"
-#include "xtrain/profile/profiler.hpp"
 
 namespace xtrain {
 
@@ -126,20 +126,20 @@ struct ReadyReporter {
 };
 }  // namespace detail
 
-/// Calls f(name, Param&, ParamKind) for every parameter of `module` with its state_dict name
+/// Calls f(name, Param&, ParamKind) for every parameter of module `m` with its state_dict name
 /// (a tied parameter once per name).
 template <class M, class F>
-void visit_parameters(M& module, F&& f) {
+void visit_parameters(M& m, F&& f) {
   detail::ParamNamer<std::remove_reference_t<F>> v{f, {}};
-  module.visit(v);
+  m.visit(v);
 }
 
-/// Calls f(name, Tensor<float>&) and f(name, std::int64_t&) for every buffer of `module` with its
+/// Calls f(name, Tensor<float>&) and f(name, std::int64_t&) for every buffer of module `m` with its
 /// state_dict name: the persistent ones (what state_dict and checkpoints hold), or all.
 template <class M, class F>
-void visit_buffers(M& module, F&& f, bool include_non_persistent = false) {
+void visit_buffers(M& m, F&& f, bool include_non_persistent = false) {
   detail::BufferNamer<std::remove_reference_t<F>> v{f, {}, include_non_persistent};
-  module.visit(v);
+  m.visit(v);
 }
 
 /// Gives every module of `model` its identity (pre-order index; the root is 0). Engines call it
@@ -154,7 +154,7 @@ void assign_module_ids(M& model) {
 /// the memory resource of ctx's backend current (the module's buffers are the backend's).
 template <class M, class X>
 decltype(auto) forward(Context& ctx, M& module, const X& x) {
-  const backend::UseMemoryOf use(ctx.executor);
+  const memory::Use use(ctx.memory);
   if (ctx.profiler && ctx.profiler->recording()) [[unlikely]] {
     const auto scope = ctx.profiler->module_scope(module, profile::Category::forward, x);
     return module.forward(ctx, x);
@@ -166,7 +166,7 @@ decltype(auto) forward(Context& ctx, M& module, const X& x) {
 /// its output stored as T (recorded by ctx.profiler).
 template <ActivationType T, class M>
 const Tensor<T>& forward_tokens(Context& ctx, M& module, const Tensor<std::int32_t>& ids) {
-  const backend::UseMemoryOf use(ctx.executor);
+  const memory::Use use(ctx.memory);
   if (ctx.profiler && ctx.profiler->recording()) [[unlikely]] {
     const auto scope = ctx.profiler->module_scope(module, profile::Category::forward, ids);
     return module.template forward<T>(ctx, ids);
@@ -174,13 +174,13 @@ const Tensor<T>& forward_tokens(Context& ctx, M& module, const Tensor<std::int32
   return module.template forward<T>(ctx, ids);
 }
 
-/// Reports `module`'s own parameters ready (their gradients final for this backward), as
+/// Reports the own parameters of module `m` ready (their gradients final for this backward), as
 /// xtrain::backward does after a backward: for a module whose gradient its owner added itself.
 template <class M>
-void report_gradients_ready(Context& ctx, M& module) {
+void report_gradients_ready(Context& ctx, M& m) {
   if (ctx.grads_ready) {
     detail::ReadyReporter r{ctx};
-    module.visit(r);
+    m.visit(r);
   }
 }
 
@@ -191,7 +191,7 @@ void report_gradients_ready(Context& ctx, M& module) {
 /// parameter at the end of backward).
 template <class M, class DY>
 decltype(auto) backward(Context& ctx, M& module, const DY& dy) {
-  const backend::UseMemoryOf use(ctx.executor);
+  const memory::Use use(ctx.memory);
   auto scope =
       ctx.profiler ? ctx.profiler->module_scope(module, profile::Category::backward, dy) : profile::Profiler::Scope{};
   decltype(auto) dx = module.backward(ctx, dy);

@@ -222,11 +222,11 @@ void tile_transposed_a(std::size_t kc, const float* __restrict a, std::size_t ld
   const float* acol[mr];
   for (std::size_t r = 0; r < mr; ++r) acol[r] = a + std::min(r, rows - 1);
   B acc0[mr], acc1[mr];
-#pragma GCC unroll 16
+  XTRAIN_UNROLL(16)
   for (std::size_t r = 0; r < mr; ++r) acc0[r] = acc1[r] = B(0.0f);
   for (std::size_t k = 0; k < kc; ++k) {
     const B b0 = B::load_unaligned(b + k * ldb), b1 = B::load_unaligned(b + k * ldb + w);
-#pragma GCC unroll 16
+    XTRAIN_UNROLL(16)
     for (std::size_t r = 0; r < mr; ++r) {
       const B av(acol[r][k * lda]);
       acc0[r] = xsimd::fma(av, b0, acc0[r]);

@@ -486,10 +486,10 @@ inline void by_output_tile(const float* x, std::size_t channels, std::size_t x_l
   using B = simd::batch<float, Arch>;
   constexpr std::size_t L = B::size;
   B acc[P][OV];
-#pragma GCC unroll 2
+  XTRAIN_UNROLL(2)
   for (std::size_t v = 0; v < OV; ++v) {
     const B b0 = bias ? B::load_aligned(bias + v * L) : B(0.0f);
-#pragma GCC unroll 16
+    XTRAIN_UNROLL(16)
     for (std::size_t p = 0; p < P; ++p) acc[p][v] = b0;
   }
   for (std::size_t c = 0; c < channels; ++c) {
@@ -499,23 +499,22 @@ inline void by_output_tile(const float* x, std::size_t channels, std::size_t x_l
       for (std::size_t kj = 0; kj < kw; ++kj) {
         const float* xt = xc + ki * wp + kj;
         B wv[OV];
-#pragma GCC unroll 2
+        XTRAIN_UNROLL(2)
         for (std::size_t v = 0; v < OV; ++v) {
           wv[v] = B::load_aligned(wc + ((ki * kw + kj) * OV + v) * L);
           simd::keep_in_register(wv[v]);
         }
-#pragma GCC unroll 16
+        XTRAIN_UNROLL(16)
         for (std::size_t p = 0; p < P; ++p) {
           const B xs(xt[p]);
-#pragma GCC unroll 2
+          XTRAIN_UNROLL(2)
           for (std::size_t v = 0; v < OV; ++v) acc[p][v] = xsimd::fma(xs, wv[v], acc[p][v]);
         }
       }
   }
-#pragma GCC unroll 16
-  for (std::size_t p = 0; p < P; ++p)
-#pragma GCC unroll 2
-    for (std::size_t v = 0; v < OV; ++v) acc[p][v].store_aligned(out + (p * OV + v) * L);
+  XTRAIN_UNROLL(16)
+  for (std::size_t p = 0; p < P; ++p) XTRAIN_UNROLL(2)
+  for (std::size_t v = 0; v < OV; ++v) acc[p][v].store_aligned(out + (p * OV + v) * L);
 }
 
 // Positions per tile: the accumulators and the OV weight registers fit the register file.

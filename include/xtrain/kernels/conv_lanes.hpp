@@ -127,25 +127,25 @@ inline void forward_tile(const float* x, std::size_t channels, const Frame& f, c
   using B = simd::batch<float, Arch>;
   constexpr std::size_t L = B::size, S = P + KW - 1;
   B acc[P];
-#pragma GCC unroll 16
+  XTRAIN_UNROLL(16)
   for (std::size_t p = 0; p < P; ++p) acc[p] = B(bias);
   for (std::size_t c = 0; c < channels; ++c)
     for (std::size_t ki = ki_begin; ki < ki_end; ++ki) {
       const float* xr = x + c * f.in_plane + ki * f.wf * L;
       const float* wr = w + (c * kh + ki) * KW;
       B wv[KW];
-#pragma GCC unroll 8
+      XTRAIN_UNROLL(8)
       for (std::size_t kj = 0; kj < KW; ++kj) wv[kj] = B(wr[kj]);
-#pragma GCC unroll 32
+      XTRAIN_UNROLL(32)
       for (std::size_t s = Edge; s < S - Edge; ++s) {
         B xv = B::load_aligned(xr + s * L);
         simd::keep_in_register(xv);  // one load for its KW multiply-adds, not one each
-#pragma GCC unroll 8
+        XTRAIN_UNROLL(8)
         for (std::size_t kj = 0; kj < KW; ++kj)
           if (s >= kj && s - kj < P) acc[s - kj] = xsimd::fma(wv[kj], xv, acc[s - kj]);
       }
     }
-#pragma GCC unroll 16
+  XTRAIN_UNROLL(16)
   for (std::size_t p = 0; p < P; ++p) acc[p].store_aligned(out + p * L);
 }
 
@@ -217,10 +217,9 @@ inline void weight_tile(const float* dy, const Frame& fd, const float* x, const 
   using B = simd::batch<float, Arch>;
   constexpr std::size_t L = B::size;
   B acc[KH][KW];
-#pragma GCC unroll 8
-  for (std::size_t i = 0; i < KH; ++i)
-#pragma GCC unroll 8
-    for (std::size_t j = 0; j < KW; ++j) acc[i][j] = B(0.0f);
+  XTRAIN_UNROLL(8)
+  for (std::size_t i = 0; i < KH; ++i) XTRAIN_UNROLL(8)
+  for (std::size_t j = 0; j < KW; ++j) acc[i][j] = B(0.0f);
   for (std::size_t r = 0; r < g.oh; ++r) {
     const float* d = dy + ((r + fd.top) * fd.wf + fd.left) * L;
     const float* xr = x + r * fx.wf * L;
@@ -231,22 +230,20 @@ inline void weight_tile(const float* dy, const Frame& fd, const float* x, const 
       simd::keep_in_register(d0);
       simd::keep_in_register(d1);
       const float* xq = xr + q * L;
-#pragma GCC unroll 8
-      for (std::size_t i = 0; i < KH; ++i)
-#pragma GCC unroll 8
-        for (std::size_t s = 0; s <= KW; ++s) {
-          if (s == KW && !pair) break;
-          B xv = B::load_aligned(xq + (i * fx.wf + s) * L);
-          simd::keep_in_register(xv);
-          if (s < KW) acc[i][s] = xsimd::fma(d0, xv, acc[i][s]);
-          if (s >= 1) acc[i][s - 1] = xsimd::fma(d1, xv, acc[i][s - 1]);
-        }
+      XTRAIN_UNROLL(8)
+      for (std::size_t i = 0; i < KH; ++i) XTRAIN_UNROLL(8)
+      for (std::size_t s = 0; s <= KW; ++s) {
+        if (s == KW && !pair) break;
+        B xv = B::load_aligned(xq + (i * fx.wf + s) * L);
+        simd::keep_in_register(xv);
+        if (s < KW) acc[i][s] = xsimd::fma(d0, xv, acc[i][s]);
+        if (s >= 1) acc[i][s - 1] = xsimd::fma(d1, xv, acc[i][s - 1]);
+      }
     }
   }
-#pragma GCC unroll 8
-  for (std::size_t i = 0; i < KH; ++i)
-#pragma GCC unroll 8
-    for (std::size_t j = 0; j < KW; ++j) sums[i * KW + j] = simd::horizontal_sum(acc[i][j]);
+  XTRAIN_UNROLL(8)
+  for (std::size_t i = 0; i < KH; ++i) XTRAIN_UNROLL(8)
+  for (std::size_t j = 0; j < KW; ++j) sums[i * KW + j] = simd::horizontal_sum(acc[i][j]);
 }
 
 }  // namespace detail

@@ -34,7 +34,7 @@ namespace detail {
 template <class Row>
 inline void store_transposed(Row&& row, std::size_t cols, std::uint32_t* dst) noexcept {
   __m256 r[8];
-#pragma GCC unroll 8
+  XTRAIN_UNROLL(8)
   for (std::size_t t = 0; t < 8; ++t) r[t] = _mm256_castsi256_ps(row(t));
   kernels::detail::transpose8x8(r);
   for (std::size_t j = 0; j < cols; ++j)
@@ -150,7 +150,7 @@ inline void forward_tile(const std::uint32_t* x, std::size_t pairs, const Frame&
                          float* out) noexcept {
   constexpr std::size_t L = 16;
   __m512 acc[P];
-#pragma GCC unroll 16
+  XTRAIN_UNROLL(16)
   for (std::size_t p = 0; p < P; ++p) acc[p] = _mm512_set1_ps(bias);
   for (std::size_t k = 0; k < pairs; ++k)
     for (std::size_t ki = ki_begin; ki < ki_end; ++ki) {
@@ -158,12 +158,12 @@ inline void forward_tile(const std::uint32_t* x, std::size_t pairs, const Frame&
       const std::uint32_t* wr = w + (k * kh + ki) * kw;
       for (std::size_t kj = 0; kj < kw; ++kj) {
         const __m512bh wv = (__m512bh)_mm512_set1_epi32(static_cast<int>(wr[kj]));
-#pragma GCC unroll 16
+        XTRAIN_UNROLL(16)
         for (std::size_t p = 0; p < P; ++p)
           acc[p] = _mm512_dpbf16_ps(acc[p], (__m512bh)_mm512_load_si512(xr + (p + kj) * L), wv);
       }
     }
-#pragma GCC unroll 16
+  XTRAIN_UNROLL(16)
   for (std::size_t p = 0; p < P; ++p) _mm512_store_ps(out + p * L, acc[p]);
 }
 
@@ -200,37 +200,32 @@ inline void weight_tile(const std::uint32_t* dy, std::size_t dy_plane, std::size
                         const std::uint32_t* x, std::size_t wf, float* sums) noexcept {
   constexpr std::size_t L = 16;
   __m512 acc[O][KH][KW];
-#pragma GCC unroll 2
-  for (std::size_t o = 0; o < O; ++o)
-#pragma GCC unroll 8
-    for (std::size_t i = 0; i < KH; ++i)
-#pragma GCC unroll 8
-      for (std::size_t j = 0; j < KW; ++j) acc[o][i][j] = _mm512_setzero_ps();
+  XTRAIN_UNROLL(2)
+  for (std::size_t o = 0; o < O; ++o) XTRAIN_UNROLL(8)
+  for (std::size_t i = 0; i < KH; ++i) XTRAIN_UNROLL(8)
+  for (std::size_t j = 0; j < KW; ++j) acc[o][i][j] = _mm512_setzero_ps();
   for (std::size_t r = 0; r < oh; ++r) {
     const std::uint32_t* d = dy + r * half * L;
     const std::uint32_t* xr = x + r * wf * L;
     for (std::size_t k = 0; k < half; ++k) {
       __m512bh dv[O];
-#pragma GCC unroll 2
+      XTRAIN_UNROLL(2)
       for (std::size_t o = 0; o < O; ++o) dv[o] = (__m512bh)_mm512_load_si512(d + o * dy_plane + k * L);
       const std::uint32_t* xq = xr + 2 * k * L;
       if constexpr (KH * KW > 16) simd::opaque(xq);  // as lanes::detail::weight_tile
-#pragma GCC unroll 8
-      for (std::size_t i = 0; i < KH; ++i)
-#pragma GCC unroll 8
-        for (std::size_t j = 0; j < KW; ++j) {
-          const __m512bh xv = (__m512bh)_mm512_load_si512(xq + (i * wf + j) * L);
-#pragma GCC unroll 2
-          for (std::size_t o = 0; o < O; ++o) acc[o][i][j] = _mm512_dpbf16_ps(acc[o][i][j], dv[o], xv);
-        }
+      XTRAIN_UNROLL(8)
+      for (std::size_t i = 0; i < KH; ++i) XTRAIN_UNROLL(8)
+      for (std::size_t j = 0; j < KW; ++j) {
+        const __m512bh xv = (__m512bh)_mm512_load_si512(xq + (i * wf + j) * L);
+        XTRAIN_UNROLL(2)
+        for (std::size_t o = 0; o < O; ++o) acc[o][i][j] = _mm512_dpbf16_ps(acc[o][i][j], dv[o], xv);
+      }
     }
   }
-#pragma GCC unroll 2
-  for (std::size_t o = 0; o < O; ++o)
-#pragma GCC unroll 8
-    for (std::size_t i = 0; i < KH; ++i)
-#pragma GCC unroll 8
-      for (std::size_t j = 0; j < KW; ++j) sums[o * KH * KW + i * KW + j] = _mm512_reduce_add_ps(acc[o][i][j]);
+  XTRAIN_UNROLL(2)
+  for (std::size_t o = 0; o < O; ++o) XTRAIN_UNROLL(8)
+  for (std::size_t i = 0; i < KH; ++i) XTRAIN_UNROLL(8)
+  for (std::size_t j = 0; j < KW; ++j) sums[o * KH * KW + i * KW + j] = _mm512_reduce_add_ps(acc[o][i][j]);
 }
 
 }  // namespace detail

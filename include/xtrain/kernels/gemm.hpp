@@ -105,7 +105,7 @@ void pack_panels(bool contiguous, const S* X, std::size_t ld, std::size_t c0, st
         if (width == W) {  // a constant count: moves in registers, not a call to memmove per line
           for (std::size_t k = 0; k < kc; ++k) {
             const float* line = X + (k0 + k) * ld + c0 + cp;
-#pragma GCC unroll 32
+            XTRAIN_UNROLL(32)
             for (std::size_t i = 0; i < W; ++i) panel[k * W + i] = line[i];
           }
           continue;
@@ -222,7 +222,7 @@ inline void micro_kernel(std::size_t kc, const float* __restrict a, std::size_t 
   for (std::size_t r = 0; r < mr; ++r) arow[r] = PackedA ? a + r : a + std::min(r, rows - 1) * lda;
   prefetch_tile(c, ldc, rows, cols);
   B acc0[mr], acc1[mr];
-#pragma GCC unroll 16
+  XTRAIN_UNROLL(16)
   for (std::size_t r = 0; r < mr; ++r) acc0[r] = acc1[r] = B(0.0f);
   for (std::size_t k = 0; k < kc; ++k) {
     B b0, b1;
@@ -233,7 +233,7 @@ inline void micro_kernel(std::size_t kc, const float* __restrict a, std::size_t 
       b0 = B::load_unaligned(bp + k * ldb);
       b1 = B::load_unaligned(bp + k * ldb + w);
     }
-#pragma GCC unroll 16
+    XTRAIN_UNROLL(16)
     for (std::size_t r = 0; r < mr; ++r) {
       const B av(arow[r][k * k_stride]);
       acc0[r] = xsimd::fma(av, b0, acc0[r]);
@@ -243,7 +243,7 @@ inline void micro_kernel(std::size_t kc, const float* __restrict a, std::size_t 
   const B va(alpha), vb(beta);
   if (rows == mr && cols == nr) {
     if (beta == 0.0f && !bias) {
-#pragma GCC unroll 16
+      XTRAIN_UNROLL(16)
       for (std::size_t r = 0; r < mr; ++r) {
         (va * acc0[r]).store_unaligned(c + r * ldc);
         (va * acc1[r]).store_unaligned(c + r * ldc + w);
@@ -251,7 +251,7 @@ inline void micro_kernel(std::size_t kc, const float* __restrict a, std::size_t 
       return;
     }
     const B bias0 = bias ? B::load_unaligned(bias) : B(0.0f), bias1 = bias ? B::load_unaligned(bias + w) : B(0.0f);
-#pragma GCC unroll 16
+    XTRAIN_UNROLL(16)
     for (std::size_t r = 0; r < mr; ++r) {
       float* row = c + r * ldc;
       if (beta == 0.0f) {
@@ -311,20 +311,18 @@ inline __m128 sum_lanes4(__m512 a, __m512 b, __m512 c, __m512 d) noexcept {
   const float* const b2 = b + std::min<std::size_t>(2, cols - 1) * ldb;
   const float* const b3 = b + std::min<std::size_t>(3, cols - 1) * ldb;
   __m512 acc[T][T];
-#pragma GCC unroll 4
-  for (std::size_t i = 0; i < T; ++i)
-#pragma GCC unroll 4
-    for (std::size_t j = 0; j < T; ++j) acc[i][j] = _mm512_setzero_ps();
+  XTRAIN_UNROLL(4)
+  for (std::size_t i = 0; i < T; ++i) XTRAIN_UNROLL(4)
+  for (std::size_t j = 0; j < T; ++j) acc[i][j] = _mm512_setzero_ps();
   const auto step = [&](__m512 av0, __m512 av1, __m512 av2, __m512 av3, __m512 bv0, __m512 bv1, __m512 bv2, __m512 bv3)
       __attribute__((always_inline)) {
     // Both operands in registers: left to itself the compiler folds B's loads into the FMAs,
     // loading each of them four times, and the loop becomes bound by loads (1.35x slower).
     asm("" : "+v"(av0), "+v"(av1), "+v"(av2), "+v"(av3), "+v"(bv0), "+v"(bv1), "+v"(bv2), "+v"(bv3));
     const __m512 av[T] = {av0, av1, av2, av3}, bv[T] = {bv0, bv1, bv2, bv3};
-#pragma GCC unroll 4
-    for (std::size_t i = 0; i < T; ++i)
-#pragma GCC unroll 4
-      for (std::size_t j = 0; j < T; ++j) acc[i][j] = _mm512_fmadd_ps(av[i], bv[j], acc[i][j]);
+    XTRAIN_UNROLL(4)
+    for (std::size_t i = 0; i < T; ++i) XTRAIN_UNROLL(4)
+    for (std::size_t j = 0; j < T; ++j) acc[i][j] = _mm512_fmadd_ps(av[i], bv[j], acc[i][j]);
   };
   std::size_t k = 0;
   for (; k + 16 <= K; k += 16)
@@ -339,7 +337,7 @@ inline __m128 sum_lanes4(__m512 a, __m512 b, __m512 c, __m512 d) noexcept {
   // Sums of all four rows first: indexing acc by the run-time row count would keep it in memory.
   const __m128 va = _mm_set1_ps(alpha), vb = _mm_set1_ps(beta);
   __m128 sums[T];
-#pragma GCC unroll 4
+  XTRAIN_UNROLL(4)
   for (std::size_t i = 0; i < T; ++i) sums[i] = _mm_mul_ps(va, sum_lanes4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
   for (std::size_t i = 0; i < rows; ++i) {
     const __m128 s = sums[i];

@@ -25,6 +25,7 @@
 #include "xtrain/core/precision.hpp"
 #include "xtrain/kernels/convert.hpp"
 #include "xtrain/kernels/gemm.hpp"
+#include "xtrain/kernels/simd.hpp"
 
 // GCC 12 warns "'__Y' may be used uninitialized" inside its own AVX-512 headers (the
 // _mm512_undefined_* idiom, GCC bug 105593); silenced for this file only.
@@ -201,7 +202,7 @@ inline std::uint32_t load_word(const word_unaligned* q) noexcept {
   if (rows == mr && cols == nr) {
     const __m512 bias0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
     const __m512 bias1 = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
-#pragma GCC unroll 8
+    XTRAIN_UNROLL(8)
     for (std::size_t r = 0; r < mr; ++r) {
       float* row = c + r * ldc;
       if (beta == 0.0f && !bias) {
@@ -236,12 +237,12 @@ inline void micro_kernel(std::size_t kp, const std::uint32_t* __restrict a, cons
                          std::size_t rows, std::size_t cols, const float* __restrict bias) {
   prefetch_tile(c, ldc, rows, cols);
   __m512 acc0[mr], acc1[mr];
-#pragma GCC unroll 8
+  XTRAIN_UNROLL(8)
   for (std::size_t r = 0; r < mr; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
   for (std::size_t p = 0; p < kp; ++p) {
     const __m512bh b0 = (__m512bh)_mm512_load_si512(b + p * nr);
     const __m512bh b1 = (__m512bh)_mm512_load_si512(b + p * nr + 16);
-#pragma GCC unroll 8
+    XTRAIN_UNROLL(8)
     for (std::size_t r = 0; r < mr; ++r) {
       const std::uint32_t word = PackedA ? a[p * mr + r] : load_word(arow[r] + p);
       const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(word));
@@ -256,7 +257,7 @@ inline void micro_kernel(std::size_t kp, const std::uint32_t* __restrict a, cons
     if (rows == mr && cols == nr) {
       const __m512 bias0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
       const __m512 bias1 = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
-#pragma GCC unroll 8
+      XTRAIN_UNROLL(8)
       for (std::size_t r = 0; r < mr; ++r) {
         auto* row = reinterpret_cast<__m256i*>(c + r * ldc);
         const __m512 v0 = bias ? _mm512_fmadd_ps(va, acc0[r], bias0) : _mm512_mul_ps(va, acc0[r]);

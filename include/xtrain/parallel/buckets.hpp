@@ -17,8 +17,8 @@
 
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/param_arena.hpp"
+#include "xtrain/core/profiler.hpp"
 #include "xtrain/parallel/communicator.hpp"
-#include "xtrain/profile/profiler.hpp"
 
 namespace xtrain::parallel {
 

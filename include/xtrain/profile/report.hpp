@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "xtrain/core/error.hpp"
-#include "xtrain/profile/profiler.hpp"
+#include "xtrain/core/profiler.hpp"
 
 namespace xtrain::profile {
 

@@ -29,10 +29,10 @@
 #include <vector>
 
 #include "xtrain/data/loader.hpp"
+#include "xtrain/parallel/agreement.hpp"
 #include "xtrain/parallel/communicator.hpp"
 #include "xtrain/parallel/single_process.hpp"
 #include "xtrain/precision/policy.hpp"
-#include "xtrain/train/agreement.hpp"
 #include "xtrain/train/engine.hpp"
 #include "xtrain/train/preemption.hpp"
 

@@ -26,18 +26,18 @@
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/module.hpp"
 #include "xtrain/core/param_arena.hpp"
+#include "xtrain/core/profiler.hpp"
 #include "xtrain/loss/cross_entropy.hpp"
 #include "xtrain/loss/loss.hpp"
 #include "xtrain/optim/clip.hpp"
 #include "xtrain/optim/param_groups.hpp"
 #include "xtrain/optim/schedule.hpp"
+#include "xtrain/parallel/agreement.hpp"
 #include "xtrain/parallel/buckets.hpp"
 #include "xtrain/parallel/communicator.hpp"
 #include "xtrain/parallel/model_check.hpp"
 #include "xtrain/precision/cast.hpp"
 #include "xtrain/precision/policy.hpp"
-#include "xtrain/profile/profiler.hpp"
-#include "xtrain/train/agreement.hpp"
 #include "xtrain/train/deterministic.hpp"
 #include "xtrain/train/metrics.hpp"
 #include "xtrain/train/sharded_step.hpp"
@@ -405,6 +405,7 @@ class Engine {
     ctx.collectives = comm_.size() > 1 ? &collectives_ : nullptr;
     ctx.profiler = profiler_;
     ctx.executor = backend_.executor();
+    ctx.memory = &backend_memory();
     return ctx;
   }
 

@@ -21,20 +21,20 @@
 #include "xtrain/checkpoint/safetensors.hpp"
 #include "xtrain/checkpoint/state.hpp"
 #include "xtrain/core/concepts.hpp"
+#include "xtrain/core/profiler.hpp"
 #include "xtrain/data/dataset.hpp"
 #include "xtrain/data/loader.hpp"
 #include "xtrain/loss/loss.hpp"
+#include "xtrain/parallel/agreement.hpp"
 #include "xtrain/parallel/communicator.hpp"
 #include "xtrain/parallel/single_process.hpp"
 #include "xtrain/precision/policy.hpp"
-#include "xtrain/profile/profiler.hpp"
-#include "xtrain/train/agreement.hpp"
 #include "xtrain/train/callbacks.hpp"
 #include "xtrain/train/engine.hpp"
 #include "xtrain/train/metrics.hpp"
 #include "xtrain/train/options.hpp"
 #include "xtrain/train/preemption.hpp"
-#include "xtrain/train/progress.hpp"
+#include "xtrain/train/progress_bar.hpp"
 
 namespace xtrain {
 

@@ -11,8 +11,8 @@
 #include <boost/mpi/environment.hpp>
 #include <mpi.h>
 
+#include "xtrain/core/error.hpp"
 #include "xtrain/parallel/mpi/abort.hpp"
-#include "xtrain/train/preemption.hpp"
 
 namespace xtrain::parallel {
 

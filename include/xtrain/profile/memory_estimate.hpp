@@ -30,17 +30,16 @@
 #endif
 
 #include "xtrain/core/memory.hpp"
+#include "xtrain/core/profiler.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/loss/cross_entropy.hpp"
 #include "xtrain/parallel/single_process.hpp"
 #include "xtrain/precision/policy.hpp"
-#include "xtrain/profile/profiler.hpp"
 #include "xtrain/profile/report.hpp"
 #include "xtrain/train/engine.hpp"
 
-namespace xtrain {
+namespace xtrain::profile {
 
-namespace memory {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define XTRAIN_HEAP_REPLACED 1
 #elif defined(__has_feature)
@@ -69,21 +68,20 @@ class PeakMeter {
  public:
   void start() noexcept {
     heap0_ = heap_in_use();
-    reset_peak();
-    live0_ = counters().live;
+    memory::reset_peak();
+    live0_ = memory::counters().live;
   }
   /// The peak since start(), in bytes (-1 where the heap cannot be read).
   std::int64_t bytes() const noexcept {
     const std::int64_t heap = heap_in_use();
     if (heap < 0 || heap0_ < 0) return -1;
-    const std::int64_t tensors_now = counters().live - live0_, tensor_peak = counters().peak - live0_;
+    const std::int64_t tensors_now = memory::counters().live - live0_, tensor_peak = memory::counters().peak - live0_;
     return tensor_peak + (heap - heap0_ - tensors_now);
   }
 
  private:
   std::int64_t heap0_ = 0, live0_ = 0;
 };
-}  // namespace memory
 
 /// What the run looks like beyond the model, optimizer and batch.
 struct MemoryOptions {
@@ -332,4 +330,4 @@ inline std::string memory_table(const std::vector<MemoryEstimate>& estimates, st
   return profile::detail::render(cells);
 }
 
-}  // namespace xtrain
+}  // namespace xtrain::profile
