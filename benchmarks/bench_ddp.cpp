@@ -32,7 +32,7 @@ int run(Model model, const Setup& s) {
   const auto [train, test] = xtrain::data::fashion_mnist(xtrain::data::default_data_dir());
   xtrain::Trainer<Model, xtrain::optim::Adam, Precision, xtrain::parallel::MpiAllReduce> trainer{
       std::move(model), xtrain::optim::Adam{},
-      xtrain::TrainerOptions{}
+      xtrain::TrainingOptions{}
           .batch_size(s.batch)
           .bucket_bytes(s.bucket_kb * 1024)
           .deterministic(s.deterministic)

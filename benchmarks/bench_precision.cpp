@@ -243,7 +243,7 @@ void BM_TrainStep(benchmark::State& state) {
     using Model = decltype(model);
     const std::size_t before = heap_in_use();
     xtrain::Trainer<Model, xtrain::optim::Adam, typename PolicyOf<T>::type> trainer{
-        std::move(model), xtrain::optim::Adam{}, xtrain::TrainerOptions{}.batch_size(batch).verbose(false)};
+        std::move(model), xtrain::optim::Adam{}, xtrain::TrainingOptions{}.batch_size(batch).verbose(false)};
     const std::size_t constructed = heap_in_use();
     const double params = static_cast<double>(trainer.params().natural_size());
     xtrain::data::Loader loader(data.train, batch, 42, true, true);

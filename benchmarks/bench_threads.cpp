@@ -22,7 +22,7 @@
 
 namespace nn = xtrain::layers;
 using bench::random_matrix;
-using xtrain::Matrix;
+using xtrain::Tensor;
 
 namespace {
 // Idles `us` microseconds outside the timing (none when 0).
@@ -119,7 +119,7 @@ void BM_ColumnSumsThreads(benchmark::State& state) {
   const bool written = state.range(1) != 0;
   constexpr std::size_t rows = 256, cols = 1024;
   xtrain::backend::ThreadPool pool(threads);
-  Matrix x = random_matrix(rows, cols, 4);
+  Tensor<float> x = random_matrix(rows, cols, 4);
   std::vector<double> sums(cols);
   auto split = [&](auto&& body) {
     xtrain::backend::parallel_for(&pool, cols, 1, 64, [&](std::size_t c0, std::size_t c1) {
@@ -151,7 +151,7 @@ void BM_BatchNormThreads(benchmark::State& state) {
   xtrain::Context ctx;
   ctx.executor = backend.executor();
   nn::BatchNorm1d bn(1024);
-  const Matrix x = random_matrix(256, 1024, 5), dy = random_matrix(256, 1024, 6);
+  const Tensor<float> x = random_matrix(256, 1024, 5), dy = random_matrix(256, 1024, 6);
   bn.forward(ctx, x);
   for (auto _ : state) {
     if (backward)
@@ -171,8 +171,8 @@ void BM_GemmThreads(benchmark::State& state) {
   const auto m = static_cast<std::size_t>(state.range(0)), k = static_cast<std::size_t>(state.range(1)),
              n = static_cast<std::size_t>(state.range(2)), threads = static_cast<std::size_t>(state.range(3));
   xtrain::backend::ThreadPool pool(threads);
-  const Matrix a = random_matrix(m, k, 1), b = random_matrix(n, k, 2);
-  Matrix c({m, n});
+  const Tensor<float> a = random_matrix(m, k, 1), b = random_matrix(n, k, 2);
+  Tensor<float> c({m, n});
   for (auto _ : state) {
     xtrain::kernels::gemm(Trans::no, Trans::yes, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n, &pool);
     benchmark::DoNotOptimize(c.data());
@@ -201,9 +201,9 @@ void BM_GemmOpenBLAS(benchmark::State& state) {
   const auto m = static_cast<int>(state.range(0)), k = static_cast<int>(state.range(1)),
              n = static_cast<int>(state.range(2));
   openblas_set_num_threads(static_cast<int>(state.range(3)));
-  const Matrix a = random_matrix(static_cast<std::size_t>(m), static_cast<std::size_t>(k), 1),
-               b = random_matrix(static_cast<std::size_t>(n), static_cast<std::size_t>(k), 2);
-  Matrix c({static_cast<std::size_t>(m), static_cast<std::size_t>(n)});
+  const Tensor<float> a = random_matrix(static_cast<std::size_t>(m), static_cast<std::size_t>(k), 1),
+                      b = random_matrix(static_cast<std::size_t>(n), static_cast<std::size_t>(k), 2);
+  Tensor<float> c({static_cast<std::size_t>(m), static_cast<std::size_t>(n)});
   for (auto _ : state) {
     cblas_sgemm(101, 111, 112, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n);
     benchmark::DoNotOptimize(c.data());
@@ -225,13 +225,13 @@ template <class Backend>
 void BM_TrainStepThreads(benchmark::State& state) {
   const auto batch = static_cast<std::size_t>(state.range(0)), hidden = static_cast<std::size_t>(state.range(1)),
              threads = static_cast<std::size_t>(state.range(2));
-  const Matrix x = random_matrix(batch, 784, 3);
+  const Tensor<float> x = random_matrix(batch, 784, 3);
   std::vector<std::int32_t> y(batch);
   for (std::size_t i = 0; i < batch; ++i) y[i] = static_cast<std::int32_t>(i % 10);
   using Model = nn::Sequential<nn::Linear, nn::BatchNorm1d, nn::ReLU, nn::Linear>;
   xtrain::Trainer<Model, xtrain::optim::Adam, xtrain::FullPrecision, xtrain::parallel::SingleProcess, Backend> trainer{
       Model{nn::Linear{784, hidden}, nn::BatchNorm1d{hidden}, nn::ReLU{}, nn::Linear{hidden, 10}},
-      xtrain::optim::Adam{}, xtrain::TrainerOptions{}.threads(threads).verbose(false)};
+      xtrain::optim::Adam{}, xtrain::TrainingOptions{}.threads(threads).verbose(false)};
   for (auto _ : state) benchmark::DoNotOptimize(trainer.train_step(x, y, 0, batch).loss);
   state.counters["samples/s"] =
       benchmark::Counter(static_cast<double>(batch), benchmark::Counter::kIsIterationInvariantRate);

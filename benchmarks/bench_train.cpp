@@ -14,7 +14,7 @@
 
 namespace nn = xtrain::layers;
 using bench::random_matrix;
-using xtrain::Matrix;
+using xtrain::Tensor;
 
 namespace {
 /// Linear forward + backward; `first` = no input gradient (as the model's first layer).
@@ -23,7 +23,7 @@ void BM_LinearForwardBackward(benchmark::State& state) {
              out = static_cast<std::size_t>(state.range(2));
   const bool first = state.range(3) != 0;
   nn::Linear layer(in, out);
-  const Matrix x = random_matrix(batch, in, 1), dy = random_matrix(batch, out, 2);
+  const Tensor<float> x = random_matrix(batch, in, 1), dy = random_matrix(batch, out, 2);
   xtrain::backend::Serial serial;  // one thread, its workspace reused across calls
   xtrain::Context ctx;
   ctx.executor = &serial;
@@ -51,8 +51,8 @@ void BM_Gemm(benchmark::State& state) {
   using xtrain::kernels::Trans;
   const auto m = static_cast<std::size_t>(state.range(0)), k = static_cast<std::size_t>(state.range(1)),
              n = static_cast<std::size_t>(state.range(2));
-  const Matrix a = random_matrix(m, k, 1), b = random_matrix(n, k, 2);
-  Matrix c({m, n});
+  const Tensor<float> a = random_matrix(m, k, 1), b = random_matrix(n, k, 2);
+  Tensor<float> c({m, n});
   xtrain::backend::Serial serial;  // one thread, its workspace reused across calls
   for (auto _ : state) {
     xtrain::kernels::gemm(Trans::no, Trans::yes, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n, &serial);
@@ -67,11 +67,11 @@ BENCHMARK(BM_Gemm)->ArgNames({"M", "K", "N"})->Args({32, 784, 32})->Args({256, 7
 void BM_TrainStep(benchmark::State& state) {
   const auto batch = static_cast<std::size_t>(state.range(0)), hidden = static_cast<std::size_t>(state.range(1));
   const bool batch_norm = state.range(2) != 0;
-  const Matrix x = random_matrix(batch, 784, 3);
+  const Tensor<float> x = random_matrix(batch, 784, 3);
   std::vector<std::int32_t> y(batch);
   for (std::size_t i = 0; i < batch; ++i) y[i] = static_cast<std::int32_t>(i % 10);
   auto run = [&](auto model) {
-    xtrain::Trainer trainer{std::move(model), xtrain::optim::Adam{}, xtrain::TrainerOptions{}.verbose(false)};
+    xtrain::Trainer trainer{std::move(model), xtrain::optim::Adam{}, xtrain::TrainingOptions{}.verbose(false)};
     for (auto _ : state) benchmark::DoNotOptimize(trainer.train_step(x, y, 0, batch).loss);
   };
   if (batch_norm)
@@ -93,11 +93,11 @@ BENCHMARK(BM_TrainStep)
 void BM_ProfilerOverhead(benchmark::State& state) {
   const int mode = static_cast<int>(state.range(0));
   const std::size_t batch = 32;
-  const Matrix x = random_matrix(batch, 784, 3);
+  const Tensor<float> x = random_matrix(batch, 784, 3);
   std::vector<std::int32_t> y(batch);
   for (std::size_t i = 0; i < batch; ++i) y[i] = static_cast<std::int32_t>(i % 10);
   xtrain::Trainer trainer{nn::Sequential{nn::Linear{784, 32}, nn::BatchNorm1d{32}, nn::ReLU{}, nn::Linear{32, 10}},
-                          xtrain::optim::Adam{}, xtrain::TrainerOptions{}.verbose(false)};
+                          xtrain::optim::Adam{}, xtrain::TrainingOptions{}.verbose(false)};
   xtrain::profile::Profiler profiler(
       {.schedule = mode == 1 ? xtrain::profile::Schedule{.wait = 1u << 30, .active = 1} : xtrain::profile::Schedule{}});
   if (mode > 0) trainer.set_profiler(&profiler);
@@ -118,7 +118,7 @@ void BM_Checkpoint(benchmark::State& state) {
   const int what = static_cast<int>(state.range(1));  // 0 save_state, 1 load_state, 2 save_model
   const std::string dir = std::filesystem::temp_directory_path() / ("xtrain_bench_ckpt_" + std::to_string(hidden));
   auto run = [&](auto model) {
-    xtrain::Trainer trainer{std::move(model), xtrain::optim::Adam{}, xtrain::TrainerOptions{}.verbose(false)};
+    xtrain::Trainer trainer{std::move(model), xtrain::optim::Adam{}, xtrain::TrainingOptions{}.verbose(false)};
     trainer.save_state(dir);
     for (auto _ : state) {
       if (what == 0)

@@ -198,7 +198,7 @@ int run(const Flags& flags) {
   xtrain::set_seed(flags.seed);
   xtrain::layers::GPT model(
       {.vocab = vocab.size(), .block = flags.block, .layers = flags.layers, .heads = flags.heads, .embd = flags.embd});
-  auto options = xtrain::TrainerOptions{}
+  auto options = xtrain::TrainingOptions{}
                      .batch_size(flags.batch)
                      .global_batch_size(flags.global_batch)
                      .eval_batch_size(flags.batch)

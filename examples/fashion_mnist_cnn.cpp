@@ -101,7 +101,7 @@ int run_training(const Flags& flags, Model model) {
                " features and ", train.num_classes(), " classes");
   train.with_sample_shape({1, 28, 28}).truncate(flags.limit ? flags.limit : train.size());
   test.with_sample_shape({1, 28, 28});
-  const auto options = xtrain::TrainerOptions{}
+  const auto options = xtrain::TrainingOptions{}
                            .batch_size(flags.batch)
                            .global_batch_size(flags.global_batch)
                            .epochs(flags.epochs)

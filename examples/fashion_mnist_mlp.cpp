@@ -153,7 +153,7 @@ int run_training(const Flags& flags) {
     const xtrain::profile::MemoryOptions memory{.sample_shape = xtrain::Shape{features},
                                                 .ranks = ranks,
                                                 .shard_optimizer = flags.shard_optimizer,
-                                                .eval_batch = xtrain::TrainerOptions{}.eval_batch_size(),
+                                                .eval_batch = xtrain::TrainingOptions{}.eval_batch_size(),
                                                 .gradient_compression_bytes = flags.compress == "none" ? 4u : 2u,
                                                 .prefetch = xtrain::backend::resolve_threads(flags.threads) > 1};
     const std::vector<xtrain::profile::MemoryEstimate> all = [&] {  // the model copy is gone before the measurement
@@ -179,7 +179,7 @@ int run_training(const Flags& flags) {
     meter.start();
   }
   auto model = make_model();
-  const auto options = xtrain::TrainerOptions{}
+  const auto options = xtrain::TrainingOptions{}
                            .batch_size(flags.batch)
                            .global_batch_size(flags.global_batch)
                            .epochs(flags.epochs)

@@ -31,7 +31,7 @@ const data::TensorDataset& eval() {
   static const auto d = test::head(test::fashion().test, 500);
   return d;
 }
-TrainerOptions options(std::size_t epochs) { return TrainerOptions{}.epochs(epochs).seed(3).verbose(false); }
+TrainingOptions options(std::size_t epochs) { return TrainingOptions{}.epochs(epochs).seed(3).verbose(false); }
 void write(const std::string& path, ProbeTrainer& t) {
   std::ofstream out(path, std::ios::binary);
   auto put = [&](std::span<const float> v) {
@@ -76,11 +76,11 @@ int main(int argc, char** argv) try {
     ProbeTrainer t{model(), optim::Adam{}, options(1)};
     t.fit(train_set(), eval());
     t.save_model(arg + "/model.safetensors");
-    Matrix x({10, 784});
+    Tensor<float> x({10, 784});
     std::copy_n(test::fashion().test.features().data(), 10 * 784, x.data());
     Context ctx;
     ctx.training = false;
-    const Matrix& logits = t.model().forward(ctx, x);
+    const Tensor<float>& logits = t.model().forward(ctx, x);
     std::ofstream(arg + "/logits.f32", std::ios::binary)
         .write(reinterpret_cast<const char*>(logits.data()), static_cast<std::streamsize>(logits.size() * 4));
   } else if (mode == "save-loop") {

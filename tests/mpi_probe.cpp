@@ -24,8 +24,8 @@ int main(int argc, char** argv) {  // NOLINT(bugprone-exception-escape)
     namespace nn = xtrain::layers;
     auto model = nn::Sequential{nn::Linear{4, 4}, nn::ReLU{}, nn::Linear{4, 2}};
     xtrain::Trainer<decltype(model), xtrain::optim::Adam, xtrain::FullPrecision, xtrain::parallel::MpiAllReduce> t{
-        std::move(model), xtrain::optim::Adam{}, xtrain::TrainerOptions{}.verbose(false), std::move(comm)};
-    xtrain::Matrix x({2, 4});
+        std::move(model), xtrain::optim::Adam{}, xtrain::TrainingOptions{}.verbose(false), std::move(comm)};
+    xtrain::Tensor<float> x({2, 4});
     std::vector<std::int32_t> y(2, 1);
     for (int step = 0;; ++step) {
       if (t.rank() == 1 && step == 3) throw xtrain::ValueError("probe: rank 1 failed at step 3");
@@ -37,8 +37,8 @@ int main(int argc, char** argv) {  // NOLINT(bugprone-exception-escape)
     auto model = nn::Sequential{nn::Linear{4, 4}, nn::ReLU{}, nn::Linear{4, 2}};
     xtrain::Trainer<decltype(model), xtrain::optim::Adam, xtrain::FullPrecision, xtrain::parallel::MpiAllReduce> t{
         std::move(model), xtrain::optim::Adam{},
-        xtrain::TrainerOptions{}.seed(comm.rank() == 1 ? 43 : 42).verbose(false), std::move(comm)};
-    xtrain::Matrix x({64, 4});
+        xtrain::TrainingOptions{}.seed(comm.rank() == 1 ? 43 : 42).verbose(false), std::move(comm)};
+    xtrain::Tensor<float> x({64, 4});
     const xtrain::data::TensorDataset data(x, std::vector<std::int32_t>(64, 1), 2, "probe");
     t.fit(data, data);
     return 0;  // not reached: the ranks disagree on the seed

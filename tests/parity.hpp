@@ -14,7 +14,7 @@
 namespace xtrain::test {
 
 /// max |ours - expected| <= tolerance * max |expected| (and expected is not all zero).
-inline void require_close(const std::string& name, std::span<const float> ours, const Matrix& expected,
+inline void require_close(const std::string& name, std::span<const float> ours, const Tensor<float>& expected,
                           float tolerance) {
   REQUIRE(ours.size() == expected.size());
   float scale = 0, diff = 0;
@@ -27,12 +27,12 @@ inline void require_close(const std::string& name, std::span<const float> ours, 
   REQUIRE(diff <= tolerance * scale);
 }
 
-inline void require_parity(const std::string& name, std::span<const float> ours, const Matrix& torch) {
+inline void require_parity(const std::string& name, std::span<const float> ours, const Tensor<float>& torch) {
   require_close(name, ours, torch, 1e-5f);
 }
 
 /// The same, and the shapes must be equal.
-inline void require_parity(const std::string& name, const Matrix& ours, const Matrix& torch) {
+inline void require_parity(const std::string& name, const Tensor<float>& ours, const Tensor<float>& torch) {
   INFO(name << ": shape " << ours.shape().str() << ", torch " << torch.shape().str());
   REQUIRE(ours.shape() == torch.shape());
   require_parity(name, std::span<const float>(ours.data(), ours.size()), torch);

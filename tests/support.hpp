@@ -41,7 +41,7 @@ inline const data::Split& fashion() {
 
 /// The first n samples of a data set.
 inline data::TensorDataset head(const data::TensorDataset& d, std::size_t n) {
-  Matrix x({n, d.feature_count()});
+  Tensor<float> x({n, d.feature_count()});
   std::copy_n(d.features().data(), n * d.feature_count(), x.data());
   return data::TensorDataset(
       std::move(x), std::vector<std::int32_t>(d.labels().begin(), d.labels().begin() + static_cast<std::ptrdiff_t>(n)),
@@ -57,16 +57,16 @@ const data::TensorDataset& fashion_head() {
 }
 
 /// A [rows, cols] matrix uniform in [-scale, scale].
-inline Matrix random_matrix(std::size_t rows, std::size_t cols, std::uint64_t seed, float scale = 1.0f) {
-  Matrix m({rows, cols});
+inline Tensor<float> random_matrix(std::size_t rows, std::size_t cols, std::uint64_t seed, float scale = 1.0f) {
+  Tensor<float> m({rows, cols});
   Generator g(seed, streams::user | 77);
   for (float& v : m) v = g.uniform(-scale, scale);
   return m;
 }
 
 /// A tensor of any shape uniform in [-1, 1].
-inline Matrix random_tensor(const Shape& shape, std::uint64_t seed) {
-  Matrix m(shape);
+inline Tensor<float> random_tensor(const Shape& shape, std::uint64_t seed) {
+  Tensor<float> m(shape);
   Generator g(seed, streams::user);
   for (float& v : m) v = g.uniform(-1.0f, 1.0f);
   return m;

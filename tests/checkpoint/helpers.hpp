@@ -26,8 +26,8 @@ inline auto bn_model(std::uint64_t seed = 5) {
                             layers::Linear{16, 10}};
 }
 using BnTrainer = Trainer<decltype(bn_model()), optim::Adam>;
-inline TrainerOptions options(std::size_t epochs) {
-  return TrainerOptions{}.epochs(epochs).batch_size(32).seed(3).verbose(false);
+inline TrainingOptions options(std::size_t epochs) {
+  return TrainingOptions{}.epochs(epochs).batch_size(32).seed(3).verbose(false);
 }
 
 inline std::vector<float> values(BnTrainer& t) { return {t.params().values().begin(), t.params().values().end()}; }

@@ -48,7 +48,7 @@ TEST_CASE("safetensors written from PyTorch's state_dict load into the same mode
   const std::string dir = std::string(XTRAIN_TEST_FIXTURES) + "/parity/";
   t.load_model(dir + "simple_model_init.safetensors");
   for (const auto& e : t.params().entries()) {
-    const Matrix expected = data::load_npy_features(dir + "init." + e.name + ".npy");
+    const Tensor<float> expected = data::load_npy_features(dir + "init." + e.name + ".npy");
     REQUIRE(std::equal(expected.begin(), expected.end(), t.params().values(e).begin()));
   }
 }

@@ -83,7 +83,7 @@ TEST_CASE("A state saved on 2 ranks resumes on 1 and the reverse", "[checkpoint]
   };
   using T = Trainer<decltype(mlp()), optim::Adam, FullPrecision, parallel::ThreadAllReduce>;
   for (const std::size_t chunk : {std::size_t{0}, std::size_t{16}}) {
-    const auto opts = TrainerOptions{}.global_batch_size(64).deterministic(chunk).epochs(2).seed(4).verbose(false);
+    const auto opts = TrainingOptions{}.global_batch_size(64).deterministic(chunk).epochs(2).seed(4).verbose(false);
     auto run = [&](std::size_t ranks, const std::string& load, std::uint64_t stop_at, const std::string& save) {
       std::vector<float> result;
       parallel::launch_threads(ranks, [&](parallel::ThreadAllReduce& comm) {

@@ -3,8 +3,8 @@
 #include <xtrain/xtrain.hpp>
 
 struct Fp32Only {
-  const xtrain::Matrix& forward(xtrain::Context&, const xtrain::Matrix& x) { return x; }
-  const xtrain::Matrix& backward(xtrain::Context&, const xtrain::Matrix& dy) { return dy; }
+  const xtrain::Tensor<float>& forward(xtrain::Context&, const xtrain::Tensor<float>& x) { return x; }
+  const xtrain::Tensor<float>& backward(xtrain::Context&, const xtrain::Tensor<float>& dy) { return dy; }
   template <class V>
   void visit(V&) {}
 };

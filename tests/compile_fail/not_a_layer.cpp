@@ -3,8 +3,8 @@
 #include <xtrain/xtrain.hpp>
 
 struct OnlyForward {
-  xtrain::Matrix y;
-  const xtrain::Matrix& forward(xtrain::Context&, const xtrain::Matrix& x) { return x; }
+  xtrain::Tensor<float> y;
+  const xtrain::Tensor<float>& forward(xtrain::Context&, const xtrain::Tensor<float>& x) { return x; }
   template <class V>
   void visit(V&) {}
 };

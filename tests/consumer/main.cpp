@@ -6,7 +6,7 @@
 int main() {
   namespace nn = xtrain::layers;
   xtrain::set_seed(1);
-  xtrain::Matrix x({64, 4});
+  xtrain::Tensor<float> x({64, 4});
   std::vector<std::int32_t> y(64);
   xtrain::Generator g(1, xtrain::streams::user);
   for (std::size_t i = 0; i < 64; ++i) {
@@ -16,7 +16,7 @@ int main() {
   xtrain::data::TensorDataset data(x, y, 2, "synthetic");
   xtrain::Trainer trainer{nn::Sequential{nn::Linear{4, 8}, nn::ReLU{}, nn::Linear{8, 2}},
                           xtrain::optim::Adam{}.lr(0.05f),
-                          xtrain::TrainerOptions{}.epochs(30).batch_size(16).verbose(false)};
+                          xtrain::TrainingOptions{}.epochs(30).batch_size(16).verbose(false)};
   const auto history = trainer.fit(data, data);
   std::printf("consumer: xtrain %s, accuracy %.1f%%\n", xtrain::version_string, history.epochs.back().test.accuracy);
   return history.epochs.back().test.accuracy > 90.0 ? 0 : 1;

@@ -45,7 +45,7 @@ TEST_CASE("Weight tying: one arena slot, its gradient the sum of both uses, any 
   // tied parameter owns its own storage: 2.weight and 4.weight are separate in the copy).
   auto copy = model;
   Context ctx;
-  const Matrix x = random_tensor({8, 784}, 9), dy = random_tensor({8, 10}, 10);
+  const Tensor<float> x = random_tensor({8, 784}, 9), dy = random_tensor({8, 10}, 10);
   arena.zero_grad();
   model.forward(ctx, x);
   model.backward(ctx, dy);
@@ -59,7 +59,7 @@ TEST_CASE("Weight tying: one arena slot, its gradient the sum of both uses, any 
 
   // A copied model (a Trainer given an lvalue) is tied again when adopted.
   auto original = tied();
-  Trainer copied{original, optim::Adam{}, TrainerOptions{}.verbose(false)};
+  Trainer copied{original, optim::Adam{}, TrainingOptions{}.verbose(false)};
   REQUIRE(copied.params().entry("2.weight").aliases == std::vector<std::string>{"4.weight"});
 
   // Import: a file with one of the tied names (safetensors' save_file keeps one) loads; two names
@@ -83,7 +83,7 @@ TEST_CASE("Weight tying: one arena slot, its gradient the sum of both uses, any 
 
   // Data parallel: the tied slot reports twice per backward; 3+ buckets equal one.
   std::size_t buckets = 0;
-  const auto base = TrainerOptions{}.global_batch_size(64);
-  REQUIRE(train_nested(2, base, tied) == train_nested(2, TrainerOptions{base}.bucket_bytes(2048), tied, &buckets));
+  const auto base = TrainingOptions{}.global_batch_size(64);
+  REQUIRE(train_nested(2, base, tied) == train_nested(2, TrainingOptions{base}.bucket_bytes(2048), tied, &buckets));
   REQUIRE(buckets >= 3);
 }

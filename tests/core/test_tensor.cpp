@@ -9,7 +9,7 @@
 using namespace xtrain;
 
 TEST_CASE("Tensor: ranks 0 to 6, storage that only grows, shapes in messages", "[modules]") {
-  Matrix t({2, 3, 4});
+  Tensor<float> t({2, 3, 4});
   REQUIRE(t.dimension() == 3);
   REQUIRE(t.size() == 24);
   REQUIRE(t.rows() == 6);
@@ -25,10 +25,10 @@ TEST_CASE("Tensor: ranks 0 to 6, storage that only grows, shapes in messages", "
   REQUIRE(Shape{32, 784}.str() == "[32, 784]");
   Tensor<std::int32_t> ids({2, 5});
   REQUIRE(ids.size() == 10);
-  Matrix scalar(Shape{});  // rank 0: one element
+  Tensor<float> scalar(Shape{});  // rank 0: one element
   REQUIRE(scalar.size() == 1);
-  REQUIRE(Matrix{}.size() == 0);
-  const Matrix moved = std::move(t);
+  REQUIRE(Tensor<float>{}.size() == 0);
+  const Tensor<float> moved = std::move(t);
   REQUIRE(moved.shape() == Shape{2, 2});
   REQUIRE(t.size() == 0);  // NOLINT(bugprone-use-after-move): a moved-from tensor is empty
 }

@@ -21,10 +21,10 @@ TEST_CASE("NPY: every supported dtype, format versions 1 and 2, trailing dims fl
   write_bytes(dir / "u1.npy", npy("|u1", "(3,)", raw(std::vector<unsigned char>{0, 7, 255})));
   write_bytes(dir / "i4.npy", npy("<i4", "(3,)", raw(std::vector<std::int32_t>{3, 0, 19})));
   write_bytes(dir / "i8.npy", npy("<i8", "(3,)", raw(std::vector<std::int64_t>{1, 2, 3}), 3));
-  const Matrix a = data::load_npy_features((dir / "f4.npy").string());
+  const Tensor<float> a = data::load_npy_features((dir / "f4.npy").string());
   REQUIRE(a.shape(0) == 2);
   REQUIRE(a(1, 2) == 6.5f);
-  const Matrix b = data::load_npy_features((dir / "f8.npy").string());
+  const Tensor<float> b = data::load_npy_features((dir / "f8.npy").string());
   REQUIRE(b.shape(1) == 3);
   REQUIRE(b(1, 2) == -6.0f);
   REQUIRE(data::load_npy_labels((dir / "u1.npy").string()) == std::vector<std::int32_t>{0, 7, 255});

@@ -78,7 +78,7 @@ TEST_CASE("LayerNorm's kernels match the definition in double, in place too", "[
   for (const std::size_t n : {1u, 5u, 15u, 16u, 17u, 37u, 48u, 64u}) {
     for (const bool affine : {true, false}) {
       INFO("n " << n << (affine ? ", affine" : ", no affine"));
-      const Matrix xm = random_tensor({rows, n}, 21 + n), dym = random_tensor({rows, n}, 41 + n);
+      const Tensor<float> xm = random_tensor({rows, n}, 21 + n), dym = random_tensor({rows, n}, 41 + n);
       std::vector<float> x(xm.begin(), xm.end()), dy(dym.begin(), dym.end());
       for (std::size_t i = 0; i < x.size(); ++i) x[i] = 3.0f + 2.0f * x[i];  // mean far from 0
       std::vector<float> w(n), b(n);
@@ -147,7 +147,7 @@ TEST_CASE("LayerNorm in bf16 and fp16 is fp32's on the rounded values, rounded o
       ln.weight().values()[j] = 0.5f + static_cast<float>(j) / 32.0f;
       ln.bias().values()[j] = static_cast<float>(j) / 64.0f - 0.25f;
     }
-    const Matrix x = random_tensor({600, dim}, 8), dy = random_tensor({600, dim}, 9);
+    const Tensor<float> x = random_tensor({600, dim}, 8), dy = random_tensor({600, dim}, 9);
     Context ctx;
     auto take_grads = [&] {
       std::vector<float> g(ln.weight().grads().begin(), ln.weight().grads().end());
@@ -160,7 +160,7 @@ TEST_CASE("LayerNorm in bf16 and fp16 is fp32's on the rounded values, rounded o
       Tensor<T> x16(x.shape()), dy16(dy.shape());
       kernels::from_float(x.data(), x16.data(), x.size());
       kernels::from_float(dy.data(), dy16.data(), dy.size());
-      Matrix xw(x.shape()), dyw(dy.shape());
+      Tensor<float> xw(x.shape()), dyw(dy.shape());
       kernels::to_float(x16.data(), xw.data(), xw.size());
       kernels::to_float(dy16.data(), dyw.data(), dyw.size());
       take_grads();

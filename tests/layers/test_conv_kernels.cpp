@@ -65,23 +65,23 @@ TEST_CASE("Conv2d equals its scalar twin on odd shapes, with either algorithm", 
       nn::Conv2d conv{t.c, t.o, t.kernel, t.stride, t.padding, t.dilation, t.groups, t.bias};
       conv.set_algorithm(algorithm);
       REQUIRE(conv.algorithm() == algorithm);
-      const Matrix x = random_tensor({t.n, t.c, t.h, t.w}, 9);
+      const Tensor<float> x = random_tensor({t.n, t.c, t.h, t.w}, 9);
       Context ctx;
-      const Matrix y = conv.forward(ctx, x);
-      Matrix ref({t.n, t.o, g.oh, g.ow});
+      const Tensor<float> y = conv.forward(ctx, x);
+      Tensor<float> ref({t.n, t.o, g.oh, g.ow});
       REQUIRE(y.shape() == ref.shape());
       kernels::reference::conv2d_forward(x.data(), conv.weight().data(), t.bias ? conv.bias().data() : nullptr,
                                          ref.data(), t.n, t.c, t.o, t.groups, g);
       require_parity("y", y, ref);
-      const Matrix dy = random_tensor(y.shape(), 10);
-      const Matrix dx = conv.backward(ctx, dy);
-      Matrix ref_dx(x.shape());
+      const Tensor<float> dy = random_tensor(y.shape(), 10);
+      const Tensor<float> dx = conv.backward(ctx, dy);
+      Tensor<float> ref_dx(x.shape());
       std::vector<float> ref_dw(conv.weight().size()), ref_db(t.o);
       kernels::reference::conv2d_backward(x.data(), conv.weight().data(), dy.data(), ref_dx.data(), ref_dw.data(),
                                           t.bias ? ref_db.data() : nullptr, t.n, t.c, t.o, t.groups, g);
       require_parity("dx", dx, ref_dx);
-      require_parity("dw", std::span<const float>(conv.weight().grads()), Matrix({ref_dw.size()}, ref_dw));
-      if (t.bias) require_parity("db", std::span<const float>(conv.bias().grads()), Matrix({t.o}, ref_db));
+      require_parity("dw", std::span<const float>(conv.weight().grads()), Tensor<float>({ref_dw.size()}, ref_dw));
+      if (t.bias) require_parity("db", std::span<const float>(conv.bias().grads()), Tensor<float>({t.o}, ref_db));
     }
 }
 
@@ -101,40 +101,40 @@ TEST_CASE("Conv2d's image_lanes in bf16 stays within bf16 rounding of the scalar
     set_seed(6);
     nn::Conv2d conv{t.c, t.o, t.k, 1, t.pad, 1, t.groups};
     conv.set_algorithm(nn::Conv2d::Algorithm::image_lanes);
-    const Matrix xf = random_tensor({t.n, t.c, t.hw, t.hw}, 15);
+    const Tensor<float> xf = random_tensor({t.n, t.c, t.hw, t.hw}, 15);
     Tensor<bf16> x(xf.shape());
     kernels::from_float(xf.data(), x.data(), x.size());
-    Matrix xr(x.shape());  // the rounded input, which the reference sees
+    Tensor<float> xr(x.shape());  // the rounded input, which the reference sees
     kernels::to_float(x.data(), xr.data(), x.size());
     Context ctx;
     const Tensor<bf16>& y = conv.forward(ctx, x);
     kernels::Window g{t.k, 1, t.pad, 1};
     REQUIRE(g.set_input(t.hw, t.hw));
-    Matrix ref({t.n, t.o, g.oh, g.ow});
+    Tensor<float> ref({t.n, t.o, g.oh, g.ow});
     REQUIRE(y.shape() == ref.shape());
     kernels::reference::conv2d_forward(xr.data(), conv.weight().data(), conv.bias().data(), ref.data(), t.n, t.c, t.o,
                                        t.groups, g);
-    const auto close = [](const std::string& name, const float* ours, const Matrix& expected, float tolerance) {
+    const auto close = [](const std::string& name, const float* ours, const Tensor<float>& expected, float tolerance) {
       test::require_close(name, std::span<const float>(ours, expected.size()), expected, tolerance);
     };
-    Matrix yw(y.shape());
+    Tensor<float> yw(y.shape());
     kernels::to_float(y.data(), yw.data(), y.size());
     close("y", yw.data(), ref, 0.02f);  // bf16 output and weights: 8 significant bits
-    const Matrix dyf = random_tensor(y.shape(), 16);
+    const Tensor<float> dyf = random_tensor(y.shape(), 16);
     Tensor<bf16> dy(dyf.shape());
     kernels::from_float(dyf.data(), dy.data(), dy.size());
-    Matrix dyr(dy.shape());
+    Tensor<float> dyr(dy.shape());
     kernels::to_float(dy.data(), dyr.data(), dy.size());
     const Tensor<bf16>& dx = conv.backward(ctx, dy);
-    Matrix ref_dx(x.shape());
+    Tensor<float> ref_dx(x.shape());
     std::vector<float> ref_dw(conv.weight().size()), ref_db(t.o);
     kernels::reference::conv2d_backward(xr.data(), conv.weight().data(), dyr.data(), ref_dx.data(), ref_dw.data(),
                                         ref_db.data(), t.n, t.c, t.o, t.groups, g);
-    Matrix dxw(dx.shape());
+    Tensor<float> dxw(dx.shape());
     kernels::to_float(dx.data(), dxw.data(), dx.size());
     close("dx", dxw.data(), ref_dx, 0.02f);
     // Products of bf16 inputs are exact in fp32: only the sums' order differs.
-    close("dw", conv.weight().grads().data(), Matrix({ref_dw.size()}, ref_dw), 1e-5f);
+    close("dw", conv.weight().grads().data(), Tensor<float>({ref_dw.size()}, ref_dw), 1e-5f);
   }
 }
 
@@ -142,7 +142,7 @@ TEST_CASE("Conv2d's image_lanes gives bitwise the same results on 1 and 3 thread
   // 37 images: groups of 16, 16 and 5, whose weight-gradient partials are added in order.
   for (const bool bf16_activations : {false, true}) {
     INFO((bf16_activations ? "bf16" : "fp32"));
-    const Matrix x = random_tensor({37, 4, 9, 9}, 18);
+    const Tensor<float> x = random_tensor({37, 4, 9, 9}, 18);
     std::vector<std::vector<float>> y, dx, dw;
     for (const std::size_t threads : {std::size_t{1}, std::size_t{3}}) {
       set_seed(7);
@@ -154,7 +154,7 @@ TEST_CASE("Conv2d's image_lanes gives bitwise the same results on 1 and 3 thread
       const auto run = [&]<class T>(const Tensor<T>& in) {
         const Tensor<T>& out = conv.forward(ctx, in);
         Tensor<T> dy(out.shape());
-        const Matrix dyf = random_tensor(out.shape(), 19);
+        const Tensor<float> dyf = random_tensor(out.shape(), 19);
         kernels::from_float(dyf.data(), dy.data(), dy.size());
         const Tensor<T>& grad = conv.backward(ctx, dy);
         y.emplace_back(out.size());
@@ -180,7 +180,7 @@ TEST_CASE("Conv2d's image_lanes gives bitwise the same results on 1 and 3 thread
 TEST_CASE("The convolutions' bf16 transposes widen and round exactly as one value at a time", "[conv][precision]") {
   // 8 x 8 blocks through registers (AVX-512) and a scalar rest: 19 x 13 has both.
   const std::size_t rows = 19, cols = 13, ld_src = 15, ld_dst = 21;
-  const Matrix values = random_tensor({rows * ld_src}, 17);
+  const Tensor<float> values = random_tensor({rows * ld_src}, 17);
   std::vector<float> src(values.data(), values.data() + values.size());
   src[3] = std::numeric_limits<float>::quiet_NaN();
   src[20] = 1.00390625f;  // halfway between two bf16: rounds to even
@@ -221,10 +221,10 @@ TEST_CASE("The convolutions' fp32 transpose moves every value once, ragged edges
 TEST_CASE("MaxPool2d's 2 x 2 fast path picks the windows' first maximum, on any thread count", "[conv]") {
   // PyTorch's CPU max pooling, one window at a time: the first largest value in scan order (row
   // 0 before row 1, left before right) gets the gradient. Few distinct values make many ties.
-  const auto expected = [](const Matrix& x, const Matrix& dy, Matrix& y, Matrix& dx) {
+  const auto expected = [](const Tensor<float>& x, const Tensor<float>& dy, Tensor<float>& y, Tensor<float>& dx) {
     const std::size_t planes = x.shape(0) * x.shape(1), h = x.shape(2), w = x.shape(3), oh = h / 2, ow = w / 2;
-    y = Matrix({x.shape(0), x.shape(1), oh, ow});
-    dx = Matrix(x.shape());
+    y = Tensor<float>({x.shape(0), x.shape(1), oh, ow});
+    dx = Tensor<float>(x.shape());
     for (std::size_t p = 0; p < planes; ++p)
       for (std::size_t r = 0; r < oh; ++r)
         for (std::size_t q = 0; q < ow; ++q) {
@@ -239,11 +239,11 @@ TEST_CASE("MaxPool2d's 2 x 2 fast path picks the windows' first maximum, on any 
         }
   };
   for (const Shape& shape : {Shape{3, 5, 9, 7}, Shape{2, 3, 28, 28}, Shape{1, 2, 10, 34}, Shape{2, 1, 2, 2}}) {
-    Matrix x = random_tensor(shape, 21);
+    Tensor<float> x = random_tensor(shape, 21);
     for (float& v : x) v = std::round(v * 2.0f);  // a handful of values: ties everywhere
     const Shape out{shape[0], shape[1], shape[2] / 2, shape[3] / 2};
-    Matrix dy = random_tensor(out, 22);
-    Matrix y_ref, dx_ref;
+    Tensor<float> dy = random_tensor(out, 22);
+    Tensor<float> y_ref, dx_ref;
     expected(x, dy, y_ref, dx_ref);
     for (const std::size_t threads : {std::size_t{1}, std::size_t{3}}) {
       INFO(shape.str() << " on " << threads << " threads");

@@ -14,9 +14,9 @@ TEST_CASE("Dropout: rate and scale and identity in eval and masks independent of
   Context ctx;
   ctx.seed = 9;
   ctx.step = 4;
-  Matrix x({200, 50});
+  Tensor<float> x({200, 50});
   x.fill(1.0f);
-  const Matrix y = d.forward(ctx, x);
+  const Tensor<float> y = d.forward(ctx, x);
   std::size_t zeros = 0;
   for (float v : y) {
     REQUIRE((v == 0.0f || v == Approx(1.0f / 0.75f)));
@@ -24,10 +24,10 @@ TEST_CASE("Dropout: rate and scale and identity in eval and masks independent of
   }
   REQUIRE(static_cast<double>(zeros) / static_cast<double>(y.size()) == Approx(0.25).margin(0.02));
   // Rows 100..199 computed alone, as rank 1 of 2 would, give the same mask.
-  Matrix half({100, 50});
+  Tensor<float> half({100, 50});
   half.fill(1.0f);
   ctx.sample_offset = 100;
-  const Matrix y2 = d.forward(ctx, half);
+  const Tensor<float> y2 = d.forward(ctx, half);
   for (std::size_t i = 0; i < y2.size(); ++i) REQUIRE(y2.data()[i] == y.data()[100 * 50 + i]);
   ctx.sample_offset = 0;
   ctx.step = 5;
@@ -43,16 +43,16 @@ TEST_CASE("Two Dropouts at the same position in different blocks draw different 
   Context ctx;
   ctx.seed = 42;
   ctx.step = 3;
-  Matrix x({4, 64});
+  Tensor<float> x({4, 64});
   x.fill(1.0f);
-  const Matrix a = model.get<0>().forward(ctx, x);
-  const Matrix b = model.get<1>().forward(ctx, x);
+  const Tensor<float> a = model.get<0>().forward(ctx, x);
+  const Tensor<float> b = model.get<1>().forward(ctx, x);
   REQUIRE(a != b);
   // The same module draws the same mask again (a pure function of seed, id, step, position).
   REQUIRE(model.get<0>().forward(ctx, x) == a);
   // A mask follows the global position of the sample, whatever the rank of the tensor.
-  Matrix x3({4, 8, 8});
+  Tensor<float> x3({4, 8, 8});
   x3.fill(1.0f);
-  const Matrix a3 = model.get<0>().forward(ctx, x3);
+  const Tensor<float> a3 = model.get<0>().forward(ctx, x3);
   REQUIRE(std::equal(a3.begin(), a3.end(), a.begin()));
 }

@@ -13,8 +13,8 @@ namespace nn = xtrain::layers;
 
 namespace {
 // Inputs at least 0.1 away from 0, where ReLU has its kink.
-Matrix away_from_zero(std::size_t rows, std::size_t cols, std::uint64_t seed) {
-  Matrix m = random_matrix(rows, cols, seed, 2.0f);
+Tensor<float> away_from_zero(std::size_t rows, std::size_t cols, std::uint64_t seed) {
+  Tensor<float> m = random_matrix(rows, cols, seed, 2.0f);
   for (float& v : m) v = v >= 0 ? v + 0.1f : v - 0.1f;
   return m;
 }

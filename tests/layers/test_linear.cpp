@@ -32,7 +32,7 @@ TEST_CASE("Linear: PyTorch's default initialisation bounds and statistics", "[la
 TEST_CASE("Linear: a wrong input shape names the layer and both shapes", "[layers][errors]") {
   nn::Linear l(784, 32);
   Context ctx;
-  const Matrix x({32, 512});
+  const Tensor<float> x({32, 512});
   REQUIRE_THROWS_AS(l.forward(ctx, x), ShapeError);
   REQUIRE_THROWS_WITH(l.forward(ctx, x), Catch::Contains("Linear(784, 32)") && Catch::Contains("[32, 512]") &&
                                              Catch::Contains("[*, 784]"));
@@ -42,14 +42,14 @@ TEST_CASE("Last-dimension modules run unchanged on [B, T, C] as on its rows", "[
   set_seed(4);
   auto model = nn::Sequential{nn::Linear{5, 7}, nn::GELU{}, nn::Linear{7, 3}};
   Context ctx;
-  const Matrix x3 = random_tensor({2, 4, 5}, 1);
-  Matrix x2 = x3;
+  const Tensor<float> x3 = random_tensor({2, 4, 5}, 1);
+  Tensor<float> x2 = x3;
   x2.resize({8, 5});
-  const Matrix y3 = model.forward(ctx, x3);
+  const Tensor<float> y3 = model.forward(ctx, x3);
   REQUIRE(y3.shape() == Shape{2, 4, 3});
-  const Matrix dy3 = random_tensor({2, 4, 3}, 2);
+  const Tensor<float> dy3 = random_tensor({2, 4, 3}, 2);
   REQUIRE(model.backward(ctx, dy3).shape() == Shape{2, 4, 5});
-  const Matrix y2 = model.forward(ctx, x2);
+  const Tensor<float> y2 = model.forward(ctx, x2);
   REQUIRE(std::equal(y2.begin(), y2.end(), y3.begin()));
   // A wrong last dimension is refused with the module and both shapes.
   REQUIRE_THROWS_WITH(model.forward(ctx, random_tensor({2, 4, 6}, 3)),

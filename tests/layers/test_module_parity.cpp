@@ -24,7 +24,7 @@ namespace nn = xtrain::layers;
 
 namespace {
 /// A fixture tensor of tests/fixtures/modules with its .npy shape.
-Matrix module_fixture(const std::string& name) { return fixture_tensor("modules", name); }
+Tensor<float> module_fixture(const std::string& name) { return fixture_tensor("modules", name); }
 
 /// PyTorch: Sequential(Linear(6, 8), Residual(Sequential(Linear(8, 8), Tanh(), Linear(8, 8))), ReLU(),
 /// Sequential(Linear(8, 4))), Residual transparent in names ("1.0.weight", "3.0.bias").
@@ -41,7 +41,7 @@ template <class M>
 std::vector<std::string> load_init(M& model, const std::string& prefix) {
   std::vector<std::string> names;
   visit_parameters(model, [&](const std::string& name, Param& p, ParamKind) {
-    const Matrix init = module_fixture(prefix + ".init." + name);
+    const Tensor<float> init = module_fixture(prefix + ".init." + name);
     INFO(name);
     REQUIRE(init.shape().to_vector() == p.shape());
     std::copy(init.begin(), init.end(), p.values().begin());
@@ -52,8 +52,8 @@ std::vector<std::string> load_init(M& model, const std::string& prefix) {
 }
 
 /// A deterministic input of the given shape (values in about [-1, 1]).
-Matrix fixed_input(const Shape& shape) {
-  Matrix x(shape);
+Tensor<float> fixed_input(const Shape& shape) {
+  Tensor<float> x(shape);
   for (std::size_t i = 0; i < x.size(); ++i) x.data()[i] = std::sin(0.7f * static_cast<float>(i) + 0.3f);
   return x;
 }
@@ -63,14 +63,14 @@ TEST_CASE("Nested Residual/Sequential on a rank-3 input matches PyTorch: y, dx, 
   auto model = nested_model();
   REQUIRE(load_init(model, "nested") == nested_names);
 
-  const Matrix x = module_fixture("nested.x"), dy = module_fixture("nested.dy");
+  const Tensor<float> x = module_fixture("nested.x"), dy = module_fixture("nested.dy");
   REQUIRE(x.shape() == Shape{3, 5, 6});
   REQUIRE(dy.shape() == Shape{3, 5, 4});
   Context ctx;
   ctx.training = false;
-  const Matrix y = model.forward(ctx, x);
+  const Tensor<float> y = model.forward(ctx, x);
   require_parity("y", y, module_fixture("nested.y"));
-  const Matrix dx = model.backward(ctx, dy);
+  const Tensor<float> dx = model.backward(ctx, dy);
   require_parity("dx", dx, module_fixture("nested.dx"));
   std::size_t checked = 0;
   visit_parameters(model, [&](const std::string& name, Param& p, ParamKind) {
@@ -83,7 +83,7 @@ TEST_CASE("Nested Residual/Sequential on a rank-3 input matches PyTorch: y, dx, 
   model.forward(ctx, x);
   model.backward(ctx, dy);
   visit_parameters(model, [&](const std::string& name, Param& p, ParamKind) {
-    Matrix twice = module_fixture("nested.grad." + name);
+    Tensor<float> twice = module_fixture("nested.grad." + name);
     for (float& v : twice) v *= 2.0f;
     require_parity("accumulated grad " + name, p.grads(), twice);
   });
@@ -91,13 +91,13 @@ TEST_CASE("Nested Residual/Sequential on a rank-3 input matches PyTorch: y, dx, 
 
 TEST_CASE("Nested model in a Trainer: arena names are the state_dict names, gradients match PyTorch",
           "[module_parity]") {
-  Trainer trainer{nested_model(), optim::Adam{}.lr(1e-3f), TrainerOptions{}.verbose(false)};
+  Trainer trainer{nested_model(), optim::Adam{}.lr(1e-3f), TrainingOptions{}.verbose(false)};
   ParamArena& arena = trainer.params();
   std::vector<std::string> names;
   for (const auto& e : arena.entries()) {
     names.push_back(e.name);
     CHECK(e.aliases.empty());
-    const Matrix init = module_fixture("nested.init." + e.name);
+    const Tensor<float> init = module_fixture("nested.init." + e.name);
     REQUIRE(init.shape().to_vector() == e.shape);
     std::copy(init.begin(), init.end(), arena.values(e).begin());
   }
@@ -106,7 +106,7 @@ TEST_CASE("Nested model in a Trainer: arena names are the state_dict names, grad
   Context ctx;
   ctx.training = false;
   auto& model = trainer.model();
-  const Matrix x = module_fixture("nested.x");  // Linear reads it again in backward: keep it alive
+  const Tensor<float> x = module_fixture("nested.x");  // Linear reads it again in backward: keep it alive
   require_parity("y", model.forward(ctx, x), module_fixture("nested.y"));
   require_parity("dx", model.backward(ctx, module_fixture("nested.dy")), module_fixture("nested.dx"));
   for (const auto& e : arena.entries())
@@ -137,7 +137,7 @@ TEST_CASE("Tied weights match PyTorch: one slot with one alias, gradient summed 
   REQUIRE(model.get<0>().weight().data() == arena.values(w).data());
   REQUIRE(model.get<2>().weight().data() == arena.values(w).data());
 
-  const Matrix x = module_fixture("tied.x"), dy = module_fixture("tied.dy");
+  const Tensor<float> x = module_fixture("tied.x"), dy = module_fixture("tied.dy");
   Context ctx;
   ctx.training = false;
   require_parity("y", model.forward(ctx, x), module_fixture("tied.y"));
@@ -149,7 +149,7 @@ TEST_CASE("Tied weights match PyTorch: one slot with one alias, gradient summed 
 TEST_CASE("gradcheck passes on the nested residual model with a rank-3 input", "[module_parity]") {
   set_seed(3);
   auto model = nested_model();
-  const Matrix x = fixed_input({3, 5, 6});
+  const Tensor<float> x = fixed_input({3, 5, 6});
   const auto r = testing::gradcheck(model, x);
   INFO(r.report);
   CHECK(r.checked > 8 * 4);
@@ -164,10 +164,10 @@ TEST_CASE("Export the trained nested model for PyTorch", "[.export_nested]") {
   REQUIRE(dir_env != nullptr);
   const std::string dir = dir_env;
   set_seed(3);
-  Trainer trainer{nested_model(), optim::Adam{}.lr(1e-2f), TrainerOptions{}.verbose(false)};
+  Trainer trainer{nested_model(), optim::Adam{}.lr(1e-2f), TrainingOptions{}.verbose(false)};
   const std::vector<float> init(trainer.params().values().begin(), trainer.params().values().end());
 
-  const Matrix batch = fixed_input({8, 6});
+  const Tensor<float> batch = fixed_input({8, 6});
   std::vector<std::int32_t> labels(8);
   for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>(i % 4);
   for (int step = 0; step < 2; ++step)
@@ -182,12 +182,12 @@ TEST_CASE("Export the trained nested model for PyTorch", "[.export_nested]") {
   }
 
   trainer.save_model(dir + "/model.safetensors");
-  const Matrix x = fixed_input({2, 3, 6});
+  const Tensor<float> x = fixed_input({2, 3, 6});
   Context ctx;
   ctx.training = false;
-  const Matrix& logits = trainer.model().forward(ctx, x);
+  const Tensor<float>& logits = trainer.model().forward(ctx, x);
   REQUIRE(logits.shape() == Shape{2, 3, 4});
-  auto write = [&](const std::string& name, const Matrix& t) {
+  auto write = [&](const std::string& name, const Tensor<float>& t) {
     std::ofstream out(dir + "/" + name, std::ios::binary);
     out.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * sizeof(float)));
     REQUIRE(out.good());

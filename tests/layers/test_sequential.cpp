@@ -23,8 +23,8 @@ TEST_CASE("Sequential: names as PyTorch's state_dict and the first layer skips t
   REQUIRE(buffers == std::vector<std::string>{"1.running_mean", "1.running_var", "1.num_batches_tracked"});
 
   Context ctx;
-  const Matrix x = random_matrix(5, 6, 1);
-  Matrix dy = random_matrix(5, 3, 2);
+  const Tensor<float> x = random_matrix(5, 6, 1);
+  Tensor<float> dy = random_matrix(5, 3, 2);
   model.forward(ctx, x);
   ctx.input_grad = false;
   REQUIRE(model.backward(ctx, dy).size() == 0);

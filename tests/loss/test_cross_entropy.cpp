@@ -16,7 +16,7 @@ namespace nn = xtrain::layers;
 using parallel::ThreadAllReduce;
 
 TEST_CASE("Cross-entropy is stable for logits of +-1e4 and counts correct predictions", "[loss]") {
-  Matrix z({2, 3});
+  Tensor<float> z({2, 3});
   z(0, 0) = 1e4f, z(0, 1) = -1e4f, z(0, 2) = 0.0f;
   z(1, 0) = -1e4f, z(1, 1) = 1e4f, z(1, 2) = 1e4f;
   loss::CrossEntropyLoss ce;
@@ -35,7 +35,7 @@ TEST_CASE("Cross-entropy is stable for logits of +-1e4 and counts correct predic
 TEST_CASE("Per-token cross-entropy over [B, T, V] with an ignore index, exact on any rank count", "[modules]") {
   loss::CrossEntropyLoss ce;
   ce.ignore_index(-100);
-  const Matrix logits = random_tensor({2, 3, 4}, 11);
+  const Tensor<float> logits = random_tensor({2, 3, 4}, 11);
   Tensor<std::int32_t> labels({2, 3});
   labels.assign({0, 3, -100, 2, -100, 1});
   const float l = ce.forward(logits, labels);
@@ -50,7 +50,7 @@ TEST_CASE("Per-token cross-entropy over [B, T, V] with an ignore index, exact on
   REQUIRE(l == Approx(manual / 4).epsilon(1e-6));
   for (std::size_t j = 0; j < 4; ++j) REQUIRE(ce.backward()[2 * 4 + j] == 0.0f);  // ignored token
   const auto r = testing::gradcheck_function(
-      [&](const Matrix& z) {
+      [&](const Tensor<float>& z) {
         loss::CrossEntropyLoss c;
         c.ignore_index(-100);
         return c.forward(z, labels);
@@ -62,7 +62,7 @@ TEST_CASE("Per-token cross-entropy over [B, T, V] with an ignore index, exact on
   // Token data: [N, T, C] inputs, [N, T] labels with ignored positions. The normaliser is the
   // all-reduced count of counted tokens: 1, 2 and 4 ranks agree bitwise (deterministic mode).
   const std::size_t n = 256, t = 4, c = 8;
-  Matrix x({n, t, c});
+  Tensor<float> x({n, t, c});
   Tensor<std::int32_t> y({n, t});
   Generator g(3, streams::user);
   for (float& v : x) v = g.uniform(-1.0f, 1.0f);
@@ -78,7 +78,7 @@ TEST_CASE("Per-token cross-entropy over [B, T, V] with an ignore index, exact on
     parallel::launch_threads(ranks, [&](ThreadAllReduce& comm) {
       Trainer<decltype(make()), optim::Adam, FullPrecision, ThreadAllReduce> tr{
           make(), optim::Adam{}.lr(2e-2f),
-          TrainerOptions{}.global_batch_size(32).deterministic(8).epochs(5).verbose(false), comm,
+          TrainingOptions{}.global_batch_size(32).deterministic(8).epochs(5).verbose(false), comm,
           loss::CrossEntropyLoss{}.ignore_index(-100)};
       const History h = tr.fit(tokens, tokens);
       if (comm.rank() == 0) {

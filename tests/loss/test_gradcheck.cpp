@@ -13,21 +13,21 @@ using namespace xtrain;
 using namespace xtrain::test;
 
 TEST_CASE("gradcheck passes for every loss", "[loss][gradcheck]") {
-  const Matrix logits = random_matrix(6, 5, 9, 3.0f);
+  const Tensor<float> logits = random_matrix(6, 5, 9, 3.0f);
   SECTION("cross-entropy") {
     const std::vector<std::int32_t> labels{0, 4, 2, 2, 1, 3};
     loss::CrossEntropyLoss ce;
     ce.forward(logits, labels);
-    const Matrix grad = ce.backward();
-    auto f = [&](const Matrix& z) { return loss::CrossEntropyLoss{}.forward(z, labels); };
+    const Tensor<float> grad = ce.backward();
+    auto f = [&](const Tensor<float>& z) { return loss::CrossEntropyLoss{}.forward(z, labels); };
     require_gradcheck(testing::gradcheck_function(f, logits, grad));
   }
   SECTION("MSE") {
-    const Matrix target = random_matrix(6, 5, 10);
+    const Tensor<float> target = random_matrix(6, 5, 10);
     loss::MSELoss mse;
     mse.forward(logits, target);
-    const Matrix grad = mse.backward();
-    auto f = [&](const Matrix& z) { return loss::MSELoss{}.forward(z, target); };
+    const Tensor<float> grad = mse.backward();
+    auto f = [&](const Tensor<float>& z) { return loss::MSELoss{}.forward(z, target); };
     require_gradcheck(testing::gradcheck_function(f, logits, grad));
   }
 }

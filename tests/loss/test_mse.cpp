@@ -13,7 +13,7 @@ TEST_CASE("The loss is a policy: MSE regression fits a known function through th
   // y = sin(2 x0) + 0.5 x1^2 on [-1, 1]^2: the data's variance is ~0.5; a small MLP with Adam
   // must bring the test MSE under 0.005.
   auto make_data = [](std::size_t n, std::uint64_t seed) {
-    Matrix x({n, 2}), y({n, 1});
+    Tensor<float> x({n, 2}), y({n, 1});
     Generator g(seed, streams::user);
     for (std::size_t i = 0; i < n; ++i) {
       x(i, 0) = g.uniform(-1.0f, 1.0f);
@@ -25,7 +25,7 @@ TEST_CASE("The loss is a policy: MSE regression fits a known function through th
   const auto train = make_data(2048, 1), test = make_data(512, 2);
   set_seed(3);
   auto model = nn::Sequential{nn::Linear{2, 32}, nn::Tanh{}, nn::Linear{32, 32}, nn::Tanh{}, nn::Linear{32, 1}};
-  Trainer trainer{std::move(model), optim::Adam{}.lr(1e-2f), TrainerOptions{}.batch_size(64).epochs(40).verbose(false),
+  Trainer trainer{std::move(model), optim::Adam{}.lr(1e-2f), TrainingOptions{}.batch_size(64).epochs(40).verbose(false),
                   parallel::SingleProcess{}, loss::MSELoss{}};
   static_assert(std::is_same_v<decltype(trainer)::loss_type, loss::MSELoss>);
   const EvalResult before = trainer.evaluate(test);

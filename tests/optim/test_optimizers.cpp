@@ -13,7 +13,7 @@ using namespace xtrain;
 
 namespace {
 std::vector<float> load_fixture(const std::string& name) {
-  const Matrix m = data::load_npy_features(std::string(XTRAIN_TEST_FIXTURES) + "/parity/" + name + ".npy");
+  const Tensor<float> m = data::load_npy_features(std::string(XTRAIN_TEST_FIXTURES) + "/parity/" + name + ".npy");
   return {m.begin(), m.end()};
 }
 template <class Opt>

@@ -41,7 +41,7 @@ inline auto nested() {
 /// Trains `make_model()` with Adam (lr 2e-3) on `ranks` threads for one epoch of `train`,
 /// evaluated on `test`; calls `on_rank0(trainer, history)` on rank 0.
 template <class MakeModel, class OnRank0>
-void train_threads(std::size_t ranks, TrainerOptions options, MakeModel make_model, const data::TensorDataset& train,
+void train_threads(std::size_t ranks, TrainingOptions options, MakeModel make_model, const data::TensorDataset& train,
                    const data::TensorDataset& test, OnRank0 on_rank0) {
   std::mutex m;
   options.epochs(1).verbose(false);  // before the ranks start: they share `options`
@@ -56,7 +56,7 @@ void train_threads(std::size_t ranks, TrainerOptions options, MakeModel make_mod
 
 /// Trains on `ranks` threads for one epoch of train3200(); returns rank 0's parameters.
 template <class MakeModel>
-std::vector<float> train_on(std::size_t ranks, TrainerOptions options, MakeModel make_model,
+std::vector<float> train_on(std::size_t ranks, TrainingOptions options, MakeModel make_model,
                             std::vector<EpochMetrics>* metrics = nullptr) {
   std::vector<float> params;
   train_threads(ranks, options, make_model, train3200(), test500(), [&](auto& t, const History& h) {
@@ -69,7 +69,7 @@ std::vector<float> train_on(std::size_t ranks, TrainerOptions options, MakeModel
 /// Trains `make()` for one epoch of train1024() on `ranks` threads; rank 0's parameters (and its
 /// bucket count).
 template <class Make>
-std::vector<float> train_nested(std::size_t ranks, TrainerOptions options, Make make, std::size_t* buckets = nullptr) {
+std::vector<float> train_nested(std::size_t ranks, TrainingOptions options, Make make, std::size_t* buckets = nullptr) {
   std::vector<float> params;
   train_threads(ranks, options, make, train1024(), test200(), [&](auto& t, const History&) {
     params.assign(t.params().values().begin(), t.params().values().end());

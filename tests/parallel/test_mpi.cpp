@@ -39,13 +39,14 @@ using MlpTrainer = Trainer<decltype(mlp()), optim::Adam, FullPrecision, MpiAllRe
 
 /// Trains 50 steps (3200 samples, global batch 64) on the first `ranks` world ranks; returns the
 /// parameters on world rank 0 (empty elsewhere). Ranks outside the group wait.
-std::vector<float> train_on(int ranks, TrainerOptions options) {
+std::vector<float> train_on(int ranks, const TrainingOptions& options) {
   MPI_Comm group;
   MPI_Comm_split(MPI_COMM_WORLD, world_rank() < ranks ? 0 : MPI_UNDEFINED, world_rank(), &group);
   std::vector<float> params;
   if (group != MPI_COMM_NULL) {
     static const auto train = head(fashion().train, 3200), test = head(fashion().test, 500);
-    MlpTrainer t{mlp(), optim::Adam{}.lr(2e-3f), options.epochs(1).verbose(false), MpiAllReduce(group)};
+    MlpTrainer t{mlp(), optim::Adam{}.lr(2e-3f), TrainingOptions{options}.epochs(1).verbose(false),
+                 MpiAllReduce(group)};
     t.fit(train, test);
     if (world_rank() == 0) params.assign(t.params().values().begin(), t.params().values().end());
     MPI_Comm_free(&group);
@@ -61,8 +62,8 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace
 
 TEST_CASE("MPI: fixed global batch on 1, 2 (and 4) ranks agrees to 1e-5, bitwise when deterministic", "[mpi]") {
-  const auto plain = TrainerOptions{}.global_batch_size(64),
-             det = TrainerOptions{}.global_batch_size(64).deterministic(16);
+  const auto plain = TrainingOptions{}.global_batch_size(64),
+             det = TrainingOptions{}.global_batch_size(64).deterministic(16);
   const auto one = train_on(1, plain), two = train_on(2, plain);
   const auto det_one = train_on(1, det), det_two = train_on(2, det);
   if (world_rank() == 0) {
@@ -82,11 +83,12 @@ namespace {
 
 /// Runs f(trainer) on the first `ranks` world ranks (the others wait).
 template <class F>
-void run_on(int ranks, TrainerOptions options, F&& f) {
+void run_on(int ranks, const TrainingOptions& options, F&& f) {
   MPI_Comm group;
   MPI_Comm_split(MPI_COMM_WORLD, world_rank() < ranks ? 0 : MPI_UNDEFINED, world_rank(), &group);
   if (group != MPI_COMM_NULL) {
-    MlpTrainer t{mlp(), optim::Adam{}.lr(2e-3f), options.epochs(1).verbose(false), MpiAllReduce(group)};
+    MlpTrainer t{mlp(), optim::Adam{}.lr(2e-3f), TrainingOptions{options}.epochs(1).verbose(false),
+                 MpiAllReduce(group)};
     f(t);
     MPI_Comm_free(&group);
   }
@@ -95,7 +97,7 @@ void run_on(int ranks, TrainerOptions options, F&& f) {
 
 /// The first `save_ranks` ranks train to step 20 and save; then the first `load_ranks` ranks load
 /// and finish the epoch. Returns world rank 0's parameters.
-std::vector<float> save_then_resume(int save_ranks, int load_ranks, const TrainerOptions& options) {
+std::vector<float> save_then_resume(int save_ranks, int load_ranks, const TrainingOptions& options) {
   const std::string dir =
       (std::filesystem::temp_directory_path() / ("xtrain_mpi_ckpt_np" + std::to_string(world_size()) + "_" +
                                                  std::to_string(save_ranks) + "_" + std::to_string(load_ranks)))
@@ -119,7 +121,7 @@ std::vector<float> save_then_resume(int save_ranks, int load_ranks, const Traine
 
 TEST_CASE("MPI: a state saved on 2 ranks resumes on 1, and 1 on 2, matching the uninterrupted run", "[mpi]") {
   for (const std::size_t chunk : {std::size_t{0}, std::size_t{16}}) {
-    const auto options = TrainerOptions{}.global_batch_size(64).deterministic(chunk);
+    const auto options = TrainingOptions{}.global_batch_size(64).deterministic(chunk);
     const auto straight = train_on(1, options);
     const auto two_to_one = save_then_resume(2, 1, options), one_to_two = save_then_resume(1, 2, options);
     if (world_rank() == 0) {
@@ -136,20 +138,20 @@ TEST_CASE("MPI: a state saved on 2 ranks resumes on 1, and 1 on 2, matching the 
 
 TEST_CASE("MPI: accumulating 2 micro-batches of 32 equals one batch of 64", "[mpi]") {
   const auto n = world_size();
-  const auto once = train_on(n, TrainerOptions{}.global_batch_size(64));
-  const auto accumulated = train_on(n, TrainerOptions{}.global_batch_size(32).accumulate(2));
+  const auto once = train_on(n, TrainingOptions{}.global_batch_size(64));
+  const auto accumulated = train_on(n, TrainingOptions{}.global_batch_size(32).accumulate(2));
   if (world_rank() == 0) REQUIRE(max_abs_diff(once, accumulated) <= 1e-5f);
 }
 
 TEST_CASE("MPI: the same seed twice gives bitwise identical parameters", "[mpi]") {
   const auto n = world_size();
-  const auto a = train_on(n, TrainerOptions{}.batch_size(32).seed(3)),
-             b = train_on(n, TrainerOptions{}.batch_size(32).seed(3));
+  const auto a = train_on(n, TrainingOptions{}.batch_size(32).seed(3)),
+             b = train_on(n, TrainingOptions{}.batch_size(32).seed(3));
   if (world_rank() == 0) REQUIRE(a == b);
 }
 
 TEST_CASE("MPI: evaluation counts the 10,000 test samples exactly, and every rank agrees", "[mpi]") {
-  MlpTrainer t{mlp(), optim::Adam{}, TrainerOptions{}.eval_batch_size(999).verbose(false), MpiAllReduce()};
+  MlpTrainer t{mlp(), optim::Adam{}, TrainingOptions{}.eval_batch_size(999).verbose(false), MpiAllReduce()};
   const EvalResult r = t.evaluate(fashion().test);
   REQUIRE(r.count == 10000);
   double acc = r.accuracy, max_acc = r.accuracy;
@@ -161,7 +163,7 @@ TEST_CASE("MPI: the homework model with per-rank BatchNorm learns, ranks hold ra
   set_seed(42);
   auto model = nn::Sequential{nn::Linear{784, 32}, nn::BatchNorm1d{32}, nn::ReLU{}, nn::Linear{32, 10}};
   Trainer<decltype(model), optim::Adam, FullPrecision, MpiAllReduce> t{
-      std::move(model), optim::Adam{}, TrainerOptions{}.epochs(1).verbose(false), MpiAllReduce()};
+      std::move(model), optim::Adam{}, TrainingOptions{}.epochs(1).verbose(false), MpiAllReduce()};
   const History h = t.fit(fashion().train, fashion().test);
   REQUIRE(h.epochs.back().test.count == 10000);
   REQUIRE(h.epochs.back().train.count == 60000);
@@ -179,8 +181,8 @@ int main(int argc, char** argv) {
 
 TEST_CASE("MPI: the sharded optimizer step (ZeRO-1) matches the unsharded one", "[mpi]") {
   const auto n = world_size();
-  const auto plain = train_on(n, TrainerOptions{}.global_batch_size(64));
-  auto sharded = train_on(n, TrainerOptions{}.global_batch_size(64).shard_optimizer(true));
+  const auto plain = train_on(n, TrainingOptions{}.global_batch_size(64));
+  auto sharded = train_on(n, TrainingOptions{}.global_batch_size(64).shard_optimizer(true));
   if (world_rank() == 0) {
     for (std::size_t i = plain.size(); i < sharded.size(); ++i) REQUIRE(sharded[i] == 0.0f);  // padding
     sharded.resize(plain.size());
@@ -222,7 +224,7 @@ TEST_CASE("MPI: bf16 training with bf16-compressed gradients learns and keeps th
   comm.compress_gradients(parallel::Compression::bf16);
   static const auto train = head(fashion().train, 12000);
   Trainer<decltype(model), optim::Adam, MixedPrecision<bf16>, MpiAllReduce> t{
-      std::move(model), optim::Adam{}, TrainerOptions{}.epochs(1).global_batch_size(64).verbose(false),
+      std::move(model), optim::Adam{}, TrainingOptions{}.epochs(1).global_batch_size(64).verbose(false),
       std::move(comm)};
   const History h = t.fit(train, fashion().test);
   REQUIRE(h.epochs.back().test.count == 10000);
@@ -284,9 +286,10 @@ TEST_CASE("MPI: float sums through shared memory are exact, within a node and ac
 namespace {
 /// Parameters after one epoch of 1600 samples (global batch 64) with `comm` (whose segment use
 /// must be `expect_shared`); the arena's padding (sharded) must be zero and is dropped.
-std::vector<float> train_with(MpiAllReduce comm, TrainerOptions options, bool expect_shared) {
+std::vector<float> train_with(MpiAllReduce comm, const TrainingOptions& options, bool expect_shared) {
   static const auto data = head(fashion().train, 1600);
-  MlpTrainer t{mlp(), optim::Adam{}.lr(2e-3f), options.epochs(1).global_batch_size(64).verbose(false), std::move(comm)};
+  MlpTrainer t{mlp(), optim::Adam{}.lr(2e-3f), TrainingOptions{options}.epochs(1).global_batch_size(64).verbose(false),
+               std::move(comm)};
   // The Engine moved its gradients (sharded: and parameters) into the segment when it was built.
   REQUIRE((t.communicator().shared_memory_ranks() > 0) == expect_shared);
   t.fit(data, head(fashion().test, 500));
@@ -309,8 +312,8 @@ MpiAllReduce with_shared_memory(bool on, int ranks_per_node = 0) {
 
 TEST_CASE("MPI: training with gradients in shared memory equals training over MPI_Allreduce", "[mpi]") {
   // 2 ranks sum a + b either way: bitwise equal. 4 ranks: MPI's tree may add in another order.
-  const auto shared = train_with(with_shared_memory(true), TrainerOptions{}, true);
-  const auto plain = train_with(with_shared_memory(false), TrainerOptions{}, false);
+  const auto shared = train_with(with_shared_memory(true), TrainingOptions{}, true);
+  const auto plain = train_with(with_shared_memory(false), TrainingOptions{}, false);
   if (world_size() == 2)
     REQUIRE(shared == plain);
   else
@@ -319,15 +322,15 @@ TEST_CASE("MPI: training with gradients in shared memory equals training over MP
 }
 
 TEST_CASE("MPI: the sharded step through shared memory equals the unsharded one", "[mpi]") {
-  const auto plain = train_with(with_shared_memory(true), TrainerOptions{}, true);
+  const auto plain = train_with(with_shared_memory(true), TrainingOptions{}, true);
   SECTION("one node: parameters all-gathered in place from the peers' slots") {
     // Both sum in rank order in the segment and Adam is elementwise: bitwise on any rank count.
-    const auto sharded = train_with(with_shared_memory(true), TrainerOptions{}.shard_optimizer(true), true);
+    const auto sharded = train_with(with_shared_memory(true), TrainingOptions{}.shard_optimizer(true), true);
     REQUIRE(sharded == plain);
     require_same_on_every_rank(sharded);
   }
   SECTION("nodes of 2 ranks: on 4 ranks the sharded step takes MPI, with the parameters still in the segment") {
-    const auto sharded = train_with(with_shared_memory(true, 2), TrainerOptions{}.shard_optimizer(true), true);
+    const auto sharded = train_with(with_shared_memory(true, 2), TrainingOptions{}.shard_optimizer(true), true);
     REQUIRE(max_abs_diff(sharded, plain) < 1e-5f);
     require_same_on_every_rank(sharded);
   }
@@ -346,14 +349,15 @@ auto nested() {
 /// One epoch of 1024 samples of the nested model on the first `ranks` world ranks (a communicator
 /// made by `make_comm(group)`); world rank 0's parameters and bucket count.
 template <class Comm, class MakeComm>
-std::vector<float> train_nested(int ranks, TrainerOptions options, MakeComm make_comm, std::size_t* buckets = nullptr) {
+std::vector<float> train_nested(int ranks, const TrainingOptions& options, MakeComm make_comm,
+                                std::size_t* buckets = nullptr) {
   MPI_Comm group;
   MPI_Comm_split(MPI_COMM_WORLD, world_rank() < ranks ? 0 : MPI_UNDEFINED, world_rank(), &group);
   std::vector<float> params;
   if (group != MPI_COMM_NULL) {
     static const auto train = head(fashion().train, 1024), test = head(fashion().test, 200);
-    Trainer<decltype(nested()), optim::Adam, FullPrecision, Comm> t{nested(), optim::Adam{}.lr(2e-3f),
-                                                                    options.epochs(1).verbose(false), make_comm(group)};
+    Trainer<decltype(nested()), optim::Adam, FullPrecision, Comm> t{
+        nested(), optim::Adam{}.lr(2e-3f), TrainingOptions{options}.epochs(1).verbose(false), make_comm(group)};
     t.fit(train, test);
     if (world_rank() == 0) {
       params.assign(t.params().values().begin(), t.params().values().end());
@@ -369,11 +373,11 @@ std::vector<float> train_nested(int ranks, TrainerOptions options, MakeComm make
 TEST_CASE("MPI: a nested residual model with 3+ buckets ends bitwise as with one, and as on 1 rank", "[mpi]") {
   auto mpi = [](MPI_Comm g) { return MpiAllReduce(g); };
   auto single = [](MPI_Comm) { return parallel::SingleProcess{}; };
-  const auto base = TrainerOptions{}.global_batch_size(64);
+  const auto base = TrainingOptions{}.global_batch_size(64);
   std::size_t buckets = 0;
   const auto one_bucket = train_nested<MpiAllReduce>(2, base, mpi);
-  const auto many = train_nested<MpiAllReduce>(2, TrainerOptions{base}.bucket_bytes(4096), mpi, &buckets);
-  const auto det = TrainerOptions{base}.deterministic(16).bucket_bytes(4096);
+  const auto many = train_nested<MpiAllReduce>(2, TrainingOptions{base}.bucket_bytes(4096), mpi, &buckets);
+  const auto det = TrainingOptions{base}.deterministic(16).bucket_bytes(4096);
   const auto det_two = train_nested<MpiAllReduce>(2, det, mpi);
   const auto det_one = train_nested<parallel::SingleProcess>(1, det, single);
   if (world_rank() == 0) {

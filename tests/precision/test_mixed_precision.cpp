@@ -83,7 +83,7 @@ const data::TensorDataset& test2000() { return fashion_head<2000, true>(); }
 template <class P>
 double accuracy_after_two_epochs() {
   Trainer<decltype(homework_model()), optim::Adam, P> t{
-      homework_model(), optim::Adam{}.lr(1e-3f), TrainerOptions{}.epochs(2).batch_size(32).seed(5).verbose(false)};
+      homework_model(), optim::Adam{}.lr(1e-3f), TrainingOptions{}.epochs(2).batch_size(32).seed(5).verbose(false)};
   const History h = t.fit(train6000(), test2000());
   for (float v : t.params().values()) REQUIRE(std::isfinite(v));
   return h.epochs.back().test.accuracy;
@@ -120,7 +120,7 @@ TEST_CASE("bf16 with the deterministic reduction is bitwise the same on 1 and 2 
     std::vector<float> out;
     parallel::launch_threads(ranks, [&](parallel::ThreadAllReduce& comm) {
       T t{model(), optim::Adam{},
-          TrainerOptions{}.epochs(1).global_batch_size(64).deterministic(16).seed(2).verbose(false), comm};
+          TrainingOptions{}.epochs(1).global_batch_size(64).deterministic(16).seed(2).verbose(false), comm};
       t.fit(train, head(fashion().test, 100));
       if (comm.rank() == 0) out.assign(t.params().values().begin(), t.params().values().end());
     });
@@ -134,6 +134,6 @@ TEST_CASE("a layer refuses a backward in another precision than its forward", "[
   nn::Linear layer(4, 3);
   Context ctx;
   layer.forward(ctx, Tensor<bf16>({2, 4}));
-  REQUIRE_THROWS_WITH(layer.backward(ctx, Matrix({2, 3})),
+  REQUIRE_THROWS_WITH(layer.backward(ctx, Tensor<float>({2, 3})),
                       Catch::Contains("Linear(4, 3): backward in fp32 after a forward in bf16"));
 }

@@ -35,9 +35,8 @@ struct LoopPosition {
 /// Trains `epochs` epochs of the Accelerate-style loop from `pos`; saves to `save_dir` (and
 /// stops) after optimizer step `stop_at` when it is non-zero.
 template <class E>
-void accelerate_loop(Accelerator<parallel::SingleProcess, MixedPrecision<fp16>>& acc, E& engine,
-                     const data::TensorDataset& train, LoopPosition& pos, std::size_t epochs, std::uint64_t stop_at,
-                     const std::string& save_dir) {
+void accelerate_loop(Accelerator<MixedPrecision<fp16>>& acc, E& engine, const data::TensorDataset& train,
+                     LoopPosition& pos, std::size_t epochs, std::uint64_t stop_at, const std::string& save_dir) {
   auto loader = acc.prepare(train, 32);
   loss::CrossEntropyLoss loss;
   for (; pos.epoch < epochs; ++pos.epoch, pos.batch = 0) {
@@ -63,7 +62,7 @@ TEST_CASE("an fp16 overflow skips the optimizer and the schedule and halves the 
   const auto& d = train6000();
   Fp16Trainer t{
       homework_model(), optim::Adam{}.lr(1e-3f),
-      TrainerOptions{}.batch_size(32).verbose(false).loss_scale(0x1p40f).schedule(optim::LrSchedule::step(1, 0.5f))};
+      TrainingOptions{}.batch_size(32).verbose(false).loss_scale(0x1p40f).schedule(optim::LrSchedule::step(1, 0.5f))};
   data::Loader<data::TensorDataset> loader(d, 32, 5, true, false, 0, 1);
   const std::vector<float> before(t.params().values().begin(), t.params().values().end());
   const auto b = loader.batch(0);
@@ -121,7 +120,7 @@ TEST_CASE("the loss-scaler state survives a checkpoint (resume is bitwise)", "[p
   // skipped steps, a changed scale and a running growth tracker, all of which must come back.
   const auto train = head(fashion().train, 1600);  // 50 steps per epoch
   const auto test = head(fashion().test, 300);
-  auto opts = [] { return TrainerOptions{}.epochs(2).batch_size(32).seed(9).verbose(false).loss_scale(0x1p24f, 5); };
+  auto opts = [] { return TrainingOptions{}.epochs(2).batch_size(32).seed(9).verbose(false).loss_scale(0x1p24f, 5); };
   Fp16Trainer straight{homework_model(), optim::Adam{}, opts()};
   const History full = straight.fit(train, test);
 
@@ -152,9 +151,8 @@ TEST_CASE("the Accelerate-style loop unscales fp16 gradients before clipping, as
           "[precision][scaler][accelerator]") {
   const auto train = head(fashion().train, 640);
   Fp16Trainer t{homework_model(), optim::Adam{},
-                TrainerOptions{}.batch_size(32).seed(4).verbose(false).clip_grad_norm(0.5).loss_scale(0x1p20f)};
-  Accelerator<parallel::SingleProcess, MixedPrecision<fp16>> acc{parallel::SingleProcess{},
-                                                                 AcceleratorOptions{}.seed(4).loss_scale(0x1p20f)};
+                TrainingOptions{}.batch_size(32).seed(4).verbose(false).clip_grad_norm(0.5).loss_scale(0x1p20f)};
+  Accelerator<MixedPrecision<fp16>> acc{parallel::SingleProcess{}, TrainingOptions{}.seed(4).loss_scale(0x1p20f)};
   auto engine = acc.prepare(homework_model(), optim::Adam{});
   auto loader = acc.prepare(train, 32);
   loader.set_epoch(0);
@@ -178,9 +176,9 @@ TEST_CASE("the Accelerate-style loop unscales fp16 gradients before clipping, as
 TEST_CASE("the Accelerate-style API saves and loads the whole state, loss scaler and user objects included",
           "[precision][scaler][accelerator][checkpoint]") {
   const auto train = head(fashion().train, 960);  // 30 steps per epoch
-  using Acc = Accelerator<parallel::SingleProcess, MixedPrecision<fp16>>;
+  using Acc = Accelerator<MixedPrecision<fp16>>;
   auto overflow_first = [](auto& engine) { engine.loss_scaler().restore(0x1p24f, 0, 0); };  // skipped steps
-  Acc straight_acc{parallel::SingleProcess{}, AcceleratorOptions{}.seed(6)};
+  Acc straight_acc{parallel::SingleProcess{}, TrainingOptions{}.seed(6)};
   auto straight = straight_acc.prepare(homework_model(), optim::Adam{});
   overflow_first(straight);
   LoopPosition done;
@@ -189,7 +187,7 @@ TEST_CASE("the Accelerate-style API saves and loads the whole state, loss scaler
   const fs::path dir = fs::temp_directory_path() / "xtrain_accelerate_state";
   fs::remove_all(dir);
   {
-    Acc acc{parallel::SingleProcess{}, AcceleratorOptions{}.seed(6)};
+    Acc acc{parallel::SingleProcess{}, TrainingOptions{}.seed(6)};
     LoopPosition pos;
     acc.register_for_checkpointing(pos);
     auto engine = acc.prepare(homework_model(), optim::Adam{});
@@ -198,7 +196,7 @@ TEST_CASE("the Accelerate-style API saves and loads the whole state, loss scaler
     REQUIRE(pos.epoch == 1);
     REQUIRE(engine.loss_scaler().skipped_steps() > 0);
   }
-  Acc acc{parallel::SingleProcess{}, AcceleratorOptions{}.seed(6)};
+  Acc acc{parallel::SingleProcess{}, TrainingOptions{}.seed(6)};
   LoopPosition pos;
   acc.register_for_checkpointing(pos);
   auto engine = acc.prepare(homework_model(), optim::Adam{});

@@ -13,13 +13,13 @@ using namespace xtrain::test;
 namespace {
 // A layer whose backward is wrong by a factor of 2: gradcheck must catch it.
 struct BrokenScale {
-  Matrix y, dx;
-  const Matrix& forward(Context&, const Matrix& x) {
+  Tensor<float> y, dx;
+  const Tensor<float>& forward(Context&, const Tensor<float>& x) {
     y.resize(x.shape());
     for (std::size_t i = 0; i < x.size(); ++i) y[i] = x[i] * 3.0f;
     return y;
   }
-  const Matrix& backward(Context&, const Matrix& dy) {
+  const Tensor<float>& backward(Context&, const Tensor<float>& dy) {
     dx.resize(dy.shape());
     for (std::size_t i = 0; i < dy.size(); ++i) dx[i] = dy[i] * 6.0f;
     return dx;

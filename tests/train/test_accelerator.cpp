@@ -14,11 +14,11 @@ using namespace xtrain::test;
 using parallel::ThreadAllReduce;
 
 TEST_CASE("Accelerate-style loop: the same training as the Trainer, bitwise", "[parallel][accelerator]") {
-  const auto options = TrainerOptions{}.batch_size(16).accumulate(2).seed(9);
+  const auto options = TrainingOptions{}.batch_size(16).accumulate(2).seed(9);
   const auto trainer = train_on(2, options, mlp);
   std::vector<float> own_loop;
   parallel::launch_threads(2, [&](ThreadAllReduce& comm) {
-    Accelerator acc{comm, AcceleratorOptions{}.gradient_accumulation_steps(2).seed(9)};
+    Accelerator acc{comm, TrainingOptions{}.accumulate(2).seed(9)};
     auto ddp = acc.prepare(mlp(), optim::Adam{}.lr(2e-3f));
     auto loader = acc.prepare(train3200(), 16);
     loss::CrossEntropyLoss ce;

@@ -51,8 +51,9 @@ struct OnlyEpochs {  // any subset of the hooks is fine
 TEST_CASE("Callbacks are found by detection and schedules drive the step's learning rate", "[trainer][callbacks]") {
   const auto train = head(fashion().train, 640), test = head(fashion().test, 100);
   set_seed(1);
-  Trainer trainer{simple_model(8), optim::SGD{}.lr(0.1f).momentum(0.9f),
-                  TrainerOptions{}.epochs(3).batch_size(64).schedule(optim::LrSchedule::step(10, 0.5f)).verbose(false)};
+  Trainer trainer{
+      simple_model(8), optim::SGD{}.lr(0.1f).momentum(0.9f),
+      TrainingOptions{}.epochs(3).batch_size(64).schedule(optim::LrSchedule::step(10, 0.5f)).verbose(false)};
   Recorder rec;
   OnlyEpochs only;
   trainer.fit(train, test, rec, only);
@@ -70,7 +71,7 @@ TEST_CASE("EarlyStopping ends fit() and CsvLogger writes one row per epoch", "[t
   const auto train = head(fashion().train, 320), test = head(fashion().test, 100);
   set_seed(2);
   // lr 0: the test loss never improves after the first epoch, so patience 2 stops after epoch 3.
-  Trainer trainer{simple_model(8), optim::Adam{}.lr(0.0f), TrainerOptions{}.epochs(10).verbose(false)};
+  Trainer trainer{simple_model(8), optim::Adam{}.lr(0.0f), TrainingOptions{}.epochs(10).verbose(false)};
   const std::string csv = (std::filesystem::temp_directory_path() / "xtrain_test_log.csv").string();
   const History h = trainer.fit(train, test, callbacks::EarlyStopping{2}, callbacks::CsvLogger{csv});
   REQUIRE(h.epochs.size() == 3);

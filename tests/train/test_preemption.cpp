@@ -82,7 +82,7 @@ TEST_CASE("A signal during fit() saves a checkpoint at that step, and resuming e
   const auto train = head(fashion().train, 640), test = head(fashion().test, 200);
   const auto project = std::filesystem::temp_directory_path() / "xtrain_test_signal";
   std::filesystem::remove_all(project);
-  const auto options = TrainerOptions{}.epochs(2).batch_size(32).verbose(false);
+  const auto options = TrainingOptions{}.epochs(2).batch_size(32).verbose(false);
   set_seed(5);
   Trainer straight{simple_model(8), optim::Adam{}, options};
   straight.fit(train, test);
@@ -90,7 +90,7 @@ TEST_CASE("A signal during fit() saves a checkpoint at that step, and resuming e
   struct sigaction before = {};
   ::sigaction(SIGTERM, nullptr, &before);  // Catch2's own handler
   set_seed(5);
-  Trainer first{simple_model(8), optim::Adam{}, TrainerOptions{options}.project_dir(project.string())};
+  Trainer first{simple_model(8), optim::Adam{}, TrainingOptions{options}.project_dir(project.string())};
   SignalWhileSaving second_signal{true};
   first.register_for_checkpointing(second_signal);
   try {
@@ -112,7 +112,7 @@ TEST_CASE("A signal during fit() saves a checkpoint at that step, and resuming e
   REQUIRE(StopSignals::received() == SIGTERM);  // the signal raised during the save was recorded
   StopSignals::clear();                         // (or the next fit() would stop at once)
   set_seed(99);                                 // other initial values: the checkpoint must overwrite them
-  Trainer second{simple_model(8), optim::Adam{}, TrainerOptions{options}.project_dir(project.string())};
+  Trainer second{simple_model(8), optim::Adam{}, TrainingOptions{options}.project_dir(project.string())};
   SignalWhileSaving loaded;
   second.register_for_checkpointing(loaded);
   second.resume("latest");  // the SIGTERM raised while it was being written did not tear it
@@ -131,7 +131,7 @@ TEST_CASE("A signal during fit() saves a checkpoint at that step, and resuming e
     REQUIRE(e.exit_code() == 128 + SIGUSR1);
     REQUIRE_THAT(e.what(), Catch::Contains("received SIGUSR1 at epoch 1 step 3: nothing saved (no project directory"));
   }
-  Trainer deaf{simple_model(8), optim::Adam{}, TrainerOptions{options}.stop_signals({})};
+  Trainer deaf{simple_model(8), optim::Adam{}, TrainingOptions{options}.stop_signals({})};
   REQUIRE(deaf.options().stop_signals().empty());
   std::filesystem::remove_all(project);
 }

@@ -15,7 +15,7 @@ namespace nn = xtrain::layers;
 
 TEST_CASE("SimpleModel learns Fashion-MNIST: 2 epochs reach 84 percent test accuracy", "[trainer][fashion]") {
   set_seed(42);
-  Trainer trainer{simple_model(), optim::Adam{}.lr(1e-3f), TrainerOptions{}.epochs(2).verbose(false)};
+  Trainer trainer{simple_model(), optim::Adam{}.lr(1e-3f), TrainingOptions{}.epochs(2).verbose(false)};
   const History h = trainer.fit(fashion().train, fashion().test);
   REQUIRE(h.epochs.size() == 2);
   const auto& m = h.epochs.back();
@@ -34,7 +34,7 @@ TEST_CASE("Same seed twice gives bitwise identical parameters and another seed d
     set_seed(seed);
     Trainer t{
         nn::Sequential{nn::Linear{784, 16}, nn::Dropout{0.2f}, nn::BatchNorm1d{16}, nn::GELU{}, nn::Linear{16, 10}},
-        optim::AdamW{}, TrainerOptions{}.epochs(2).seed(seed).verbose(false)};
+        optim::AdamW{}, TrainingOptions{}.epochs(2).seed(seed).verbose(false)};
     t.fit(train, test);
     return std::vector<float>(t.params().values().begin(), t.params().values().end());
   };
@@ -46,9 +46,9 @@ TEST_CASE("Same seed twice gives bitwise identical parameters and another seed d
 TEST_CASE("Data that does not fit the model is refused with the layer and shapes", "[trainer][errors]") {
   const auto train = head(fashion().train, 64);
   Trainer trainer{nn::Sequential{nn::Linear{512, 8}, nn::ReLU{}, nn::Linear{8, 10}}, optim::Adam{},
-                  TrainerOptions{}.epochs(1).verbose(false)};
+                  TrainingOptions{}.epochs(1).verbose(false)};
   REQUIRE_THROWS_WITH(trainer.fit(train, train), Catch::Contains("Linear(512, 8): input has shape [32, 784]"));
   Trainer few_classes{nn::Sequential{nn::Linear{784, 8}, nn::ReLU{}, nn::Linear{8, 5}}, optim::Adam{},
-                      TrainerOptions{}.epochs(1).verbose(false)};
+                      TrainingOptions{}.epochs(1).verbose(false)};
   REQUIRE_THROWS_WITH(few_classes.fit(train, train), Catch::Contains("outside [0, 5)"));
 }

@@ -1,14 +1,15 @@
 #pragma once
 /// \file cpu.hpp
-/// Device backend policies: the last-but-one parameter of Trainer (and Engine's, Accelerator's).
-/// A backend decides where kernels run and where buffers live: its executor runs the kernels'
-/// loops and owns a workspace per part; its memory resource gives every buffer of a training
-/// (the engine allocates under a memory::Use scope of it). Layers reach it through
-/// Context::executor, the engine through Engine::backend(). docs/design.md ("Backends and
+/// Device backend policies: the fifth parameter of Trainer<Model, Optimizer, Precision,
+/// Communicator, Backend, Loss> and Engine, the third of Accelerator<Precision, Communicator,
+/// Backend>. A backend decides where kernels run and where buffers live: its executor runs the
+/// kernels' loops and owns a workspace per part; its memory resource gives every buffer of a
+/// training (the engine makes its buffers there and names it in Context::memory). Layers reach it
+/// through Context::executor, the engine through Engine::backend(). docs/design.md ("Backends and
 /// threads") says how a GPU backend would plug in.
 ///  - Cpu: one thread per rank (the default; scale out with ranks: mpirun -np <cores>).
 ///  - CpuThreads: a pool of N threads per rank that splits GEMMs, elementwise maps and the
-///    optimizer's pass (N: TrainerOptions::threads, else XTRAIN_NUM_THREADS or OMP_NUM_THREADS, else
+///    optimizer's pass (N: TrainingOptions::threads, else XTRAIN_NUM_THREADS or OMP_NUM_THREADS, else
 ///    the rank's share of its cores). Results are bitwise the same for every N. Ranks run as
 ///    threads (parallel::ThreadAllReduce) each get a pool: give them a thread count yourself.
 
@@ -34,6 +35,17 @@ concept Backend = requires(B& b, const B& cb, std::size_t n) {
   { b.executor() } -> std::same_as<Executor*>;
   { cb.threads() } -> std::convertible_to<std::size_t>;
 };
+
+/// Fails compilation with one message when `B` is not a Backend.
+template <class B>
+consteval bool check_backend() {
+  static_assert(Backend<B>,
+                "xtrain: the Backend policy is not a Backend (backend::Cpu, backend::CpuThreads): it needs a static "
+                "`name`, a constructor from a thread count, `Executor* executor()` and `threads()` (the order: "
+                "Trainer<Model, Optimizer, Precision, Communicator, Backend, Loss>, Accelerator<Precision, "
+                "Communicator, Backend>)");
+  return Backend<B>;
+}
 
 /// One thread per rank: kernels run on the calling thread.
 class Cpu {
@@ -72,6 +84,17 @@ class CpuThreads {
  private:
   std::unique_ptr<ThreadPool> pool_;
 };
+
+/// Where `backend`'s buffers live: its executor's memory resource. Throws ValueError when the
+/// backend has no executor.
+template <Backend B>
+memory::Resource& memory_of(B& backend) {
+  Executor* e = backend.executor();
+  XTRAIN_CHECK(e != nullptr, ValueError, "backend '", B::name,
+               "' has no executor: Backend::executor() must not be null (backend::Serial runs kernels on the "
+               "calling thread)");
+  return e->memory();
+}
 
 /// "cpu-threads: 2 threads" and, where the threads would share cores, why and what to do.
 template <Backend B>

@@ -26,6 +26,9 @@ namespace xtrain::checkpoint {
 
 using xtrain::CheckpointError;
 
+/// The file a training state is saved in, inside its folder.
+inline constexpr const char* state_file_name = "state.xtrain";
+
 inline constexpr char file_magic[8] = {'X', 'T', 'R', 'A', 'I', 'N', 'C', 'K'};
 inline constexpr std::uint32_t format_version = 3;  // 2: loss-scaler state; 3: parameter groups, tied names
 inline constexpr std::size_t header_size = 8 + 4 + 4 + 4 + 8 + 4;

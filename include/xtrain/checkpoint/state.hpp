@@ -26,14 +26,12 @@
 #include "xtrain/core/rng.hpp"
 #include "xtrain/optim/param_groups.hpp"
 #include "xtrain/optim/schedule.hpp"
+#include "xtrain/precision/policy.hpp"
 #include "xtrain/version.hpp"
 
 namespace xtrain::checkpoint {
 
 using boost::serialization::make_nvp;
-
-/// The file a training state is saved in, inside its folder.
-inline constexpr const char* state_file_name = "state.xtrain";
 
 /// A float tensor by name (parameters, float buffers).
 struct NamedTensor {
@@ -48,8 +46,9 @@ struct NamedTensor {
   }
 };
 
-/// Where training stands: enough to continue bit-exactly.
-struct Progress {
+/// Where training stands (its position: step, epoch, samples into the epoch, and the counters
+/// that go with them): enough to continue bit-exactly.
+struct Position {
   std::uint64_t step = 0;                  ///< optimizer steps taken
   std::uint64_t epoch = 0;                 ///< completed epochs
   std::uint64_t samples_in_epoch = 0;      ///< samples of the current epoch already trained on
@@ -61,6 +60,25 @@ struct Progress {
   std::uint64_t skipped_steps = 0;         ///< steps skipped for Inf/NaN gradients
   std::vector<optim::GroupScales> groups;  ///< parameter groups (default first) and their multipliers
   std::vector<std::uint64_t> param_group;  ///< each arena slot's group
+
+  /// Records the loss scaler (`scaling`: the run scales the loss, fp16) and the parameter groups
+  /// of `arena` (their multipliers `groups`).
+  void record(const DynamicLossScaler& scaler, bool scaling, const std::vector<optim::GroupScales>& scale_groups,
+              const ParamArena& arena) {
+    loss_scale = scaling ? scaler.scale() : 0.0f;
+    loss_scale_tracker = scaler.growth_tracker();
+    skipped_steps = scaler.skipped_steps();
+    groups = scale_groups;
+    param_group.clear();
+    for (const auto& e : arena.entries()) param_group.push_back(e.group);
+  }
+  /// Restores `scaler`: fp16 to fp16 it continues where it was; a run that did not scale (or does
+  /// not now) starts at `configured` scale. Skipped steps count either way: the schedule's
+  /// position depends on them.
+  void restore(DynamicLossScaler& scaler, bool scaling, float configured) const {
+    const bool scaled = loss_scale > 0.0f;
+    scaler.restore(scaled && scaling ? loss_scale : configured, scaled ? loss_scale_tracker : 0, skipped_steps);
+  }
   template <class Archive>
   void serialize(Archive& ar, unsigned) {
     ar& make_nvp("step", step);
@@ -103,7 +121,7 @@ std::vector<std::string> model_signature(Model& model, const ParamArena& arena) 
 /// Serialises the state. Requires: called identically on every rank (the bytes are rank 0's).
 template <class Model, class Optimizer>
 std::string encode(Model& model, ParamArena& arena, const Optimizer& optimizer, typename Optimizer::State& state,
-                   const optim::LrSchedule& schedule, const Progress& progress,
+                   const optim::LrSchedule& schedule, const Position& position,
                    const std::vector<Registered>& objects) {
   std::ostringstream os(std::ios::binary);
   {
@@ -134,7 +152,7 @@ std::string encode(Model& model, ParamArena& arena, const Optimizer& optimizer, 
     ar << make_nvp("optimizer_state", state);
     optim::LrSchedule s = schedule;
     ar << make_nvp("schedule", s);
-    Progress p = progress;
+    Position p = position;
     ar << make_nvp("progress", p);
     Generator g = default_generator();
     ar << make_nvp("default_generator", g);
@@ -146,10 +164,10 @@ std::string encode(Model& model, ParamArena& arena, const Optimizer& optimizer, 
 /// Restores the state from `payload`; `source` names the file in errors. Throws CheckpointError
 /// when the checkpoint belongs to another model or optimizer.
 template <class Model, class Optimizer>
-Progress decode(const std::string& payload, const std::string& source, Model& model, ParamArena& arena,
+Position decode(const std::string& payload, const std::string& source, Model& model, ParamArena& arena,
                 typename Optimizer::State& state, optim::LrSchedule& schedule, const std::vector<Registered>& objects) {
   std::istringstream is(payload, std::ios::binary);
-  Progress progress;
+  Position position;
   try {
     boost::archive::binary_iarchive ar(is, boost::archive::no_header);
     std::string library, optimizer_name;
@@ -190,7 +208,7 @@ Progress decode(const std::string& payload, const std::string& source, Model& mo
     ar >> make_nvp("optimizer_state", loaded);
     state = std::move(loaded);
     ar >> make_nvp("schedule", schedule);
-    ar >> make_nvp("progress", progress);
+    ar >> make_nvp("progress", position);
     Generator g;
     ar >> make_nvp("default_generator", g);
     default_generator() = g;
@@ -199,7 +217,7 @@ Progress decode(const std::string& payload, const std::string& source, Model& mo
     throw CheckpointError(source + ": unreadable training state (" + e.what() +
                           "); was it saved with other registered objects?");
   }
-  return progress;
+  return position;
 }
 
 }  // namespace xtrain::checkpoint

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "xtrain/core/context.hpp"
+#include "xtrain/core/memory.hpp"
 #include "xtrain/core/module.hpp"
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/tensor.hpp"
@@ -16,12 +17,12 @@
 namespace xtrain {
 
 template <class L>
-concept HasForward = requires(L& layer, Context& ctx, const Matrix& x) {
-  { layer.forward(ctx, x) } -> std::convertible_to<const Matrix&>;
+concept HasForward = requires(L& layer, Context& ctx, const Tensor<float>& x) {
+  { layer.forward(ctx, x) } -> std::convertible_to<const Tensor<float>&>;
 };
 template <class L>
-concept HasBackward = requires(L& layer, Context& ctx, const Matrix& dy) {
-  { layer.backward(ctx, dy) } -> std::convertible_to<const Matrix&>;
+concept HasBackward = requires(L& layer, Context& ctx, const Tensor<float>& dy) {
+  { layer.backward(ctx, dy) } -> std::convertible_to<const Tensor<float>&>;
 };
 /// A model whose input is token ids (`Tensor<std::int32_t>`, a language model's first layer is an
 /// Embedding): the activation type of its output cannot be deduced from the input, so forward is
@@ -109,13 +110,52 @@ template <class O>
 concept HasLearningRate = requires(const O& opt) {
   { opt.learning_rate() } -> std::convertible_to<float>;
 };
-
-/// Optimizer: nested `State`, `init(n) -> State`, const `step(params, grads, state, info)` over the
-/// flat buffers, `learning_rate()` (the base learning rate). `step` must be element-wise: the
-/// engine calls it on sub-ranges (state at `info.state_offset`), concurrently on several threads
-/// with backend::CpuThreads; an update that needs a norm over a tensor (LAMB, LARS) does not fit.
 template <class O>
-concept Optimizer = HasOptimizerInit<O> && HasOptimizerStep<O> && HasLearningRate<O>;
+concept HasOptimizerName = requires {
+  { O::name } -> std::convertible_to<const char*>;
+};
+namespace detail {
+/// Stands for what visit_state is given: a callable on each per-element state vector.
+struct StateVectorArchetype {
+  void operator()(AlignedVector&) const {}
+};
+/// Stands for the Boost archive a State is saved to and loaded from (for the Optimizer concept).
+struct ArchiveArchetype {
+  template <class T>
+  ArchiveArchetype& operator&(T&) {
+    return *this;
+  }
+  template <class T>
+  ArchiveArchetype& operator<<(const T&) {
+    return *this;
+  }
+  template <class T>
+  ArchiveArchetype& operator>>(T&) {
+    return *this;
+  }
+};
+}  // namespace detail
+template <class O>
+concept HasStateVisit = HasOptimizerState<O> && requires(typename O::State& s, detail::StateVectorArchetype f) {
+  O::visit_state(s, f);
+};
+template <class O>
+concept HasSerializableState = HasOptimizerState<O> && std::default_initializable<typename O::State> &&
+    std::copyable<typename O::State> &&(
+        requires(typename O::State& s, detail::ArchiveArchetype& ar) { s.serialize(ar, 0u); } ||
+        requires(typename O::State & s, detail::ArchiveArchetype& ar) { serialize(ar, s, 0u); });
+
+/// Optimizer: a static `name` (checkpoints record it), a nested `State` (default-constructible,
+/// copyable, serializable with Boost: `template <class Ar> void serialize(Ar&, unsigned)`), a
+/// static `visit_state(State&, f)` calling f on each of its per-element AlignedVectors (the
+/// sharded step and checkpoints split and gather the state through it), `init(n) -> State` for n
+/// elements, const `step(params, grads, state, info)` over a range of the flat buffers, and
+/// `learning_rate()` (the base learning rate). `step` must be element-wise: the engine calls it
+/// on sub-ranges (state at `info.state_offset`), concurrently on several threads with
+/// backend::CpuThreads; an update that needs a norm over a tensor (LAMB, LARS) does not fit.
+template <class O>
+concept Optimizer = HasOptimizerName<O> && HasOptimizerInit<O> && HasOptimizerStep<O> && HasLearningRate<O> &&
+    HasSerializableState<O> && HasStateVisit<O>;
 
 /// Fails compilation with a message naming the first missing Optimizer member.
 template <class O>
@@ -128,6 +168,16 @@ consteval bool check_optimizer() {
                 "`step(std::span<float> params, std::span<const float> grads, State&, const StepInfo&) const`");
   static_assert(HasLearningRate<O>,
                 "xtrain: this type is not an Optimizer: it has no member `float learning_rate() const`");
+  static_assert(HasOptimizerName<O>,
+                "xtrain: this type is not an Optimizer: it has no `static constexpr const char* name` (checkpoints "
+                "record it)");
+  static_assert(HasSerializableState<O>,
+                "xtrain: this type is not an Optimizer: its State is not default-constructible, copyable and "
+                "serializable (`template <class Archive> void serialize(Archive& ar, unsigned) { ar& v; ... }`)");
+  static_assert(HasStateVisit<O>,
+                "xtrain: this type is not an Optimizer: it has no `template <class F> static void "
+                "visit_state(State&, F&& f)` calling f(AlignedVector&) on each per-element state vector (the "
+                "sharded step and checkpoints split and gather the state through it)");
   return Optimizer<O>;
 }
 

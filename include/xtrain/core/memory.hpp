@@ -2,12 +2,15 @@
 /// \file memory.hpp
 /// Where buffers come from. A `memory::Resource` is a source of 64-byte aligned blocks: the
 /// backend's (backend/cpu.hpp), or the process's `host()` one. Every Tensor, the parameter arena,
-/// optimizer state and the layers' buffers allocate through `memory::Allocator`, which takes its
-/// blocks from the calling thread's current resource: `host()` unless a `memory::Use` scope says
-/// otherwise. The engine opens such a scope with its backend's resource around everything it runs
-/// (construction, steps, evaluation, checkpoints), so the backend owns every buffer of a training;
-/// as std::pmr's default resource, but per thread and scoped. A block remembers its resource and
-/// keeps it alive, so a tensor may outlive the backend it came from.
+/// optimizer state and the layers' buffers allocate through `memory::Allocator`: from the resource
+/// it was made with, when its owner names one (the engine's and the loader's buffers name the
+/// backend's), else from the calling thread's current resource: `host()` unless a `memory::Use`
+/// scope says otherwise (as std::pmr's default resource, but per thread and scoped). Code an
+/// owner calls but does not own runs under such a scope at one place each (xtrain::forward and
+/// backward for modules, through Context::memory; the engine for the loss and the optimizer's
+/// state; the loader for a data set's gather), so the backend owns every buffer of a training. A
+/// block remembers its resource and keeps it alive, so a tensor may outlive the backend it came
+/// from.
 ///
 /// Also counts the bytes each thread allocates and frees (`counters()`): what the profiler's
 /// `profile_memory` reports per module, and what a memory check measures.
@@ -19,7 +22,9 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #if defined(__linux__)
 #include <sys/mman.h>  // madvise
@@ -102,7 +107,7 @@ class Resource : public std::enable_shared_from_this<Resource> {
 /// data set, a large model's arena) are aligned to 2 MiB and marked for transparent huge pages
 /// (`madvise(MADV_HUGEPAGE)`; used where the kernel's THP setting is `madvise` or `always`): a
 /// batch of random rows then misses the TLB once per 2 MiB instead of once per 4 KiB
-/// (benchmarks/RESULTS.md: gathering the homework's batch of 32 rows 14 -> 11 us).
+/// (benchmarks/RESULTS.md: gathering a batch of 32 random Fashion-MNIST rows 14 -> 11 us).
 class HostResource final : public Resource {
  public:
   std::string name() const override { return "host"; }
@@ -174,32 +179,51 @@ class Use {
 };
 
 namespace detail {
-/// Stored before each block of Allocator: the resource it came from, kept alive.
-struct alignas(Resource::alignment) BlockHeader {
+/// Stored before each block of Allocator: the resource it came from, kept alive. One alignment
+/// unit long, so the data after it keeps the block's alignment (padded rather than over-aligned:
+/// nvcc's front end cannot placement-new an over-aligned type).
+struct BlockHeader {
   std::shared_ptr<Resource> owner;
+  char padding[Resource::alignment - sizeof(std::shared_ptr<Resource>)];
 };
 static_assert(sizeof(BlockHeader) == Resource::alignment);
 }  // namespace detail
 
 /// The allocator of Tensor storage, the parameter arena, optimizer state and layer buffers: blocks
-/// from the current resource (aligned to 64 bytes), each freed where it came from, counted into
-/// counters(). Stateless: all instances are equal.
+/// aligned to 64 bytes, each freed where it came from (its header keeps its resource), counted
+/// into counters(). Blocks come from the resource it was made with (`Allocator<float>(&r)`: the
+/// engine's own buffers name the backend's memory explicitly; the allocator then keeps the
+/// resource alive), or, made without one, from the calling thread's current resource at the time
+/// of the allocation. The resource goes with a container when it is copy- or move-constructed,
+/// move-assigned or swapped; a copy-assigned container keeps its own. Any two allocators can free
+/// each other's blocks: they compare equal.
 template <class T>
 struct Allocator {
   using value_type = T;
+  using propagate_on_container_copy_assignment = std::false_type;
+  using propagate_on_container_move_assignment = std::true_type;
+  using propagate_on_container_swap = std::true_type;
+  using is_always_equal = std::true_type;
   static_assert(alignof(T) <= Resource::alignment);
 
   Allocator() noexcept = default;
+  /// Blocks from `resource` (null: the current resource at each allocation), which it keeps
+  /// alive. Requires: a resource owned by a std::shared_ptr (std::make_shared).
+  explicit Allocator(Resource* resource) : resource_(resource ? shared(*resource) : nullptr) {}
   template <class U>
-  Allocator(const Allocator<U>&) noexcept {}
+  Allocator(const Allocator<U>& other) noexcept : resource_(other.shared_resource()) {}
+
+  /// The resource it allocates from (null: the current one).
+  Resource* resource() const noexcept { return resource_.get(); }
+  const std::shared_ptr<Resource>& shared_resource() const noexcept { return resource_; }
 
   T* allocate(std::size_t n) {
     if (n > (std::size_t(-1) - sizeof(detail::BlockHeader)) / sizeof(T)) throw std::bad_array_new_length();
     const std::size_t bytes = n * sizeof(T);
-    Resource& r = current();
-    std::shared_ptr<Resource> owner = r.shared_from_this();  // Use checked that it is shared
+    Resource& r = resource_ ? *resource_ : current();
+    std::shared_ptr<Resource> owner = resource_ ? resource_ : shared(r);
     auto* block = static_cast<std::byte*>(r.allocate(bytes + sizeof(detail::BlockHeader)));
-    new (block) detail::BlockHeader{std::move(owner)};
+    new (block) detail::BlockHeader{std::move(owner), {}};
     Counters& c = counters();
     c.allocated += static_cast<std::int64_t>(bytes);
     c.live += static_cast<std::int64_t>(bytes);
@@ -219,6 +243,15 @@ struct Allocator {
   friend bool operator==(const Allocator&, const Allocator<U>&) noexcept {
     return true;
   }
+
+ private:
+  static std::shared_ptr<Resource> shared(Resource& r) {
+    XTRAIN_CHECK(!r.weak_from_this().expired(), ValueError, "memory resource '", r.name(),
+                 "' is not owned by a std::shared_ptr: create it with std::make_shared (its blocks keep it alive)");
+    return r.shared_from_this();
+  }
+
+  std::shared_ptr<Resource> resource_;
 };
 
 /// The resource a block came from. Requires: `p` is the start of a block of memory::Allocator
@@ -230,3 +263,9 @@ Resource& resource_of(const T* p) noexcept {
 }
 
 }  // namespace xtrain::memory
+
+namespace xtrain {
+/// Aligned fp32 storage (memory::Allocator: counted, from a resource) for the parameter arena and
+/// the optimizer state.
+using AlignedVector = std::vector<float, memory::Allocator<float>>;
+}  // namespace xtrain

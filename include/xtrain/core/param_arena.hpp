@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <xsimd/xsimd.hpp>
@@ -17,11 +18,9 @@
 #include "xtrain/core/memory.hpp"
 #include "xtrain/core/module.hpp"
 #include "xtrain/core/param.hpp"
+#include "xtrain/core/tensor.hpp"
 
 namespace xtrain {
-
-/// Aligned fp32 storage for the arena and the optimizer state.
-using AlignedVector = std::vector<float, memory::Allocator<float>>;  // counted: memory::counters()
 
 /// One parameter's place in the arena (a slot: tied parameters share one).
 struct ParamEntry {
@@ -43,10 +42,12 @@ class ParamArena {
 
   ParamArena() = default;
 
-  /// Adopts every parameter of `model` (in visit order = layer order).
+  /// Adopts every parameter of `model` (in visit order = layer order), its buffers from `memory`
+  /// (null: the calling thread's current resource).
   /// Ensures: values unchanged, gradients zero, each Param views its slice.
   template <class Model>
-  explicit ParamArena(Model& model, std::size_t multiple = alignment) {
+  explicit ParamArena(Model& model, std::size_t multiple = alignment, memory::Resource* memory = nullptr)
+      : values_(memory::Allocator<float>(memory)), grads_(memory::Allocator<float>(memory)) {
     adopt(model, multiple);
   }
 
@@ -163,7 +164,7 @@ class ParamArena {
     std::fill(storage.begin() + static_cast<std::ptrdiff_t>(size()), storage.end(), 0.0f);
     view = storage.first(size());
     rebind(model);
-    AlignedVector().swap(own);
+    AlignedVector(own.get_allocator()).swap(own);
   }
 
   AlignedVector values_, grads_;
@@ -171,5 +172,21 @@ class ParamArena {
   std::size_t natural_size_ = 0;
   std::vector<ParamEntry> entries_;
 };
+
+/// What an engine does when it takes a model: gives every module its identity (assign_module_ids),
+/// moves the model's buffers (BatchNorm's running statistics, made with the model) into `memory`,
+/// and returns the arena of its parameters there, its length a multiple of `multiple`.
+template <class Model>
+ParamArena adopt_model(Model& model, std::size_t multiple, memory::Resource& memory) {
+  assign_module_ids(model);
+  visit_buffers(
+      model,
+      [&](const std::string&, auto& buffer) {
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, Tensor<float>>)
+          buffer = Tensor<float>(buffer, memory);
+      },
+      true);
+  return ParamArena(model, multiple, &memory);
+}
 
 }  // namespace xtrain

@@ -10,6 +10,7 @@
 /// On, an event costs two clock reads and one push into a reserved vector.
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -363,6 +364,33 @@ class Profiler {
   std::vector<std::string> shapes_;
   std::unordered_map<std::string, std::uint32_t> shape_index_;
   std::unordered_map<Key, std::uint32_t, KeyHash> modules_;
+};
+
+/// The labels of an owner's own events (the engine's loss and optimizer, a synchronisation's
+/// waits), interned when a profiler is attached: `labels.scope(i, category)` records event i in
+/// the attached profiler, and does nothing without one.
+template <std::size_t N>
+class EventLabels {
+ public:
+  explicit EventLabels(std::array<std::string, N> kinds) : kinds_(std::move(kinds)) {}
+  /// Records into `p` from now on (null: nothing). Kinds set before are the ones recorded.
+  void attach(Profiler* p) {
+    profiler_ = p;
+    if (p)
+      for (std::size_t i = 0; i < N; ++i) labels_[i] = p->label("", kinds_[i]);
+  }
+  /// Sets the kind of event i (a loss's or an optimizer's name); takes effect at attach().
+  void set_kind(std::size_t i, std::string_view kind) { kinds_[i] = std::string(kind); }
+  /// Records event i until the returned scope ends.
+  Profiler::Scope scope(std::size_t i, Category category) const {
+    return profiler_ ? profiler_->scope(labels_[i], category) : Profiler::Scope{};
+  }
+  Profiler* profiler() const noexcept { return profiler_; }
+
+ private:
+  std::array<std::string, N> kinds_;
+  std::array<std::uint32_t, N> labels_{};
+  Profiler* profiler_ = nullptr;
 };
 
 }  // namespace xtrain::profile

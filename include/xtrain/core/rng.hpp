@@ -131,7 +131,7 @@ inline Generator& default_generator() noexcept {
 }
 
 /// Seeds the calling thread's default generator: it restarts at (seed, streams::init, 0).
-/// Data order and dropout take their seed from TrainerOptions::seed, which defaults to the same value.
+/// Data order and dropout take their seed from TrainingOptions::seed, which defaults to the same value.
 inline void set_seed(std::uint64_t seed) noexcept { default_generator() = Generator{seed, streams::init}; }
 
 }  // namespace xtrain

@@ -112,8 +112,17 @@ class Tensor {
                  values.size(), " values");
   }
 
-  /// Copies hold only the elements (not the spare capacity).
-  Tensor(const Tensor& other) : shape_(other.shape_), storage_(other.begin(), other.end()) {}
+  /// An empty tensor whose storage always comes from `memory` (not the calling thread's current
+  /// resource): buffers a backend owns whoever fills them.
+  explicit Tensor(memory::Resource& memory) : storage_(memory::Allocator<T>(&memory)) {}
+  /// A copy of `other` whose storage always comes from `memory`.
+  Tensor(const Tensor& other, memory::Resource& memory)
+      : shape_(other.shape_), storage_(other.begin(), other.end(), memory::Allocator<T>(&memory)) {}
+
+  /// Copies hold only the elements (not the spare capacity); a copy of a tensor made with a
+  /// resource allocates there too, else from the current resource.
+  Tensor(const Tensor& other)
+      : shape_(other.shape_), storage_(other.begin(), other.end(), other.storage_.get_allocator()) {}
   Tensor& operator=(const Tensor& other) {
     if (this != &other) {
       resize(other.shape_);
@@ -137,9 +146,10 @@ class Tensor {
     if (n > storage_.size()) storage_.resize(n);
     shape_ = shape;
   }
-  /// Releases the storage (an empty tensor of shape [0]).
+  /// Releases the storage (an empty tensor of shape [0]; its next storage comes from where this
+  /// one came from).
   void clear() noexcept {
-    decltype(storage_)().swap(storage_);  // (`storage_ = {}` would keep the capacity)
+    decltype(storage_)(storage_.get_allocator()).swap(storage_);  // (`storage_ = {}` keeps the capacity)
     shape_ = Shape{0};
   }
 
@@ -220,8 +230,20 @@ void resize_rows_like(const Tensor<T>& from, std::size_t rows, Tensor<T>& to) {
   to.resize(shape);
 }
 
-/// An fp32 tensor (the name is kept from when activations were [batch, features] matrices).
-using Matrix = Tensor<float>;
+/// Samples [begin, end) of `t` (its first dimension) copied into `out`; returns `out`.
+template <class T>
+const Tensor<T>& copy_rows(const Tensor<T>& t, std::size_t begin, std::size_t end, Tensor<T>& out) {
+  const std::size_t per = t.shape(0) ? t.size() / t.shape(0) : 0;
+  Shape s = t.shape();
+  s[0] = end - begin;
+  out.resize(s);
+  std::copy_n(t.data() + begin * per, (end - begin) * per, out.data());
+  return out;
+}
+
+/// Deprecated: `Tensor<float>` (the name was kept from when activations were [batch, features]
+/// matrices; a tensor of any rank is not a matrix).
+using Matrix [[deprecated("xtrain::Matrix is Tensor<float> of any rank: write xtrain::Tensor<float>")]] = Tensor<float>;
 
 /// 0, 1, 2 for float, bf16, fp16 (a layer checks backward runs in the type of its forward).
 template <ActivationType T>

@@ -1,7 +1,8 @@
 #pragma once
 /// \file dataset.hpp
-/// In-memory data sets, the Dataset concept, and loaders for the two folder layouts
-/// the examples accept: Fashion-MNIST/MNIST IDX files and the homework's .npy files.
+/// In-memory data sets, the Dataset concept, and loaders for the two folder layouts the examples
+/// accept: Fashion-MNIST/MNIST IDX files, and four NumPy files (train_x.npy, train_y.npy,
+/// test_x.npy, test_y.npy).
 
 #include <algorithm>
 #include <cmath>
@@ -36,6 +37,27 @@ concept Dataset = requires(const D& d, std::span<const std::uint32_t> idx, typen
   { d.size() } -> std::convertible_to<std::size_t>;
   d.gather(idx, x, y);
 };
+
+/// Fails compilation with a message naming the first missing Dataset member.
+template <class D>
+consteval bool check_dataset() {
+  static_assert(
+      requires {
+        typename D::input_type;
+        typename D::target_type;
+      },
+      "xtrain: this type is not a Dataset: it has no nested types `input_type` and `target_type` (e.g. "
+      "Tensor<float> and Tensor<std::int32_t>)");
+  static_assert(
+      requires(const D& d) {
+        { d.size() } -> std::convertible_to<std::size_t>;
+      },
+      "xtrain: this type is not a Dataset: it has no const member `std::size_t size() const`");
+  static_assert(Dataset<D>,
+                "xtrain: this type is not a Dataset: it has no const member `gather(std::span<const std::uint32_t> "
+                "indices, input_type& x, target_type& y) const`");
+  return Dataset<D>;
+}
 
 /// Inputs `[N, ...]` and targets `[N, ...]` held in memory: class ids (TensorDataset), float
 /// targets for regression (RegressionDataset), token ids.
@@ -189,7 +211,7 @@ inline TensorDataset idx_split(const std::string& images_path, const std::string
   XTRAIN_CHECK(images.shape[0] == labels.shape[0], DataError, images_path, " has ", images.shape[0], " images but ",
                labels_path, " has ", labels.shape[0], " labels");
   const std::size_t n = images.shape[0], d = images.data.size() / (n ? n : 1);
-  Matrix x({n, d});
+  Tensor<float> x({n, d});
   for (std::size_t i = 0; i < n * d; ++i) x.data()[i] = static_cast<float>(images.data[i]) * (1.0f / 255.0f);
   std::vector<std::int32_t> y(labels.data.begin(), labels.data.end());
   return TensorDataset(std::move(x), std::move(y), 10, labels_path);
@@ -219,7 +241,7 @@ inline Split fashion_mnist(const std::string& dir) {
   return {detail::idx_split(train_images, train_labels), detail::idx_split(test_images, test_labels)};
 }
 
-/// The homework layout: `train_x.npy`, `train_y.npy`, `test_x.npy`, `test_y.npy`; samples of any
+/// Four NumPy files: `train_x.npy`, `train_y.npy`, `test_x.npy`, `test_y.npy`; samples of any
 /// dtype and shape (kept: `[N, 784]` rows, `[N, 1, 28, 28]` images; cast to fp32, not rescaled;
 /// `with_sample_shape` views them otherwise); classes = 1 + largest label.
 inline Split npy_folder(const std::string& dir) {
@@ -227,7 +249,9 @@ inline Split npy_folder(const std::string& dir) {
   auto train_y = load_npy_labels(dir + "/train_y.npy");
   auto test_x = load_npy_tensor(dir + "/test_x.npy");
   auto test_y = load_npy_labels(dir + "/test_y.npy");
-  auto sample = [](const Matrix& x) { return Shape(std::vector<std::size_t>(x.shape().begin() + 1, x.shape().end())); };
+  auto sample = [](const Tensor<float>& x) {
+    return Shape(std::vector<std::size_t>(x.shape().begin() + 1, x.shape().end()));
+  };
   XTRAIN_CHECK(sample(train_x) == sample(test_x), DataError, dir, "/test_x.npy has samples of shape ",
                sample(test_x).str(), " but train_x.npy has ", sample(train_x).str());
   std::int32_t top = 0;

@@ -13,9 +13,11 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "xtrain/backend/executor.hpp"
+#include "xtrain/core/memory.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/data/dataset.hpp"
 #include "xtrain/parallel/sampler.hpp"
@@ -79,18 +81,15 @@ class Loader {
     if (prefetched) {
       b.current ^= 1;
     } else {
-      const backend::UseMemoryOf use(executor_);  // the batch lives in the backend's memory
       gather_now(s.indices, b.x[b.current], b.y[b.current]);
     }
     b.loops_after_last_call = executor_ ? executor_->parallel_loops() : 0;
     if (prefetch_ && !step_forked && executor_ && executor_->runs_background() && k + 1 < batches()) {
       const std::size_t next = b.current ^ 1;
       const std::span<const std::uint32_t> indices = sampler_.shard(k + 1).indices;
-      {  // the next buffers are sized here, so the worker only writes: the batches stay this thread's memory
-        const backend::UseMemoryOf use(executor_);
-        size_like(b.x[b.current], indices.size(), b.x[next]);
-        size_like(b.y[b.current], indices.size(), b.y[next]);
-      }
+      // The next buffers are sized here, so the worker only writes: the batches stay this thread's memory.
+      size_like(b.x[b.current], indices.size(), b.x[next]);
+      size_like(b.y[b.current], indices.size(), b.y[next]);
       b.task = {data_, indices, &b.x[next], &b.y[next]};
       b.pending_batch = k + 1;
       b.ticket = executor_->start_background(b.task);
@@ -101,11 +100,21 @@ class Loader {
 
   /// The backend's executor: the batch is allocated from its memory resource, and gathered on its
   /// threads (when the data set has a gather taking an executor), the next one in the background
-  /// when the executor runs background work. Null: host memory, one thread. The executor must
-  /// outlive this Loader (or be replaced before it dies): a pending prefetch is waited for.
+  /// when the executor runs background work. Null: the calling thread's current memory, one
+  /// thread. Another memory than before drops the batch buffers (a batch returned before no longer
+  /// holds data). The executor must outlive this Loader (or be replaced before it dies): a pending
+  /// prefetch is waited for.
   void set_executor(backend::Executor* e) {
     drop_prefetch();
     executor_ = e;
+    memory::Resource* memory = e ? &e->memory() : nullptr;
+    if (memory == bound_) return;
+    bound_ = memory;  // the batch buffers are made in that memory from now on (null: the current)
+    Buffers& b = *buffers_;
+    for (int i = 0; i < 2; ++i) {
+      if constexpr (std::is_constructible_v<Input, memory::Resource&>) b.x[i] = memory ? Input(*memory) : Input();
+      if constexpr (std::is_constructible_v<Target, memory::Resource&>) b.y[i] = memory ? Target(*memory) : Target();
+    }
   }
   /// Whether to gather the next batch in the background (on by default; it needs an executor
   /// that runs background work, and a Dataset whose gather may run on another thread).
@@ -148,7 +157,9 @@ class Loader {
     if constexpr (requires { resize_rows_like(from, rows, to); }) resize_rows_like(from, rows, to);
   }
 
+  // The data set's code allocates in the backend's memory too (what is not one of our buffers).
   void gather_now(std::span<const std::uint32_t> indices, Input& x, Target& y) {
+    const memory::Use use(executor_ ? &executor_->memory() : nullptr);
     if constexpr (requires { data_->gather(indices, x, y, executor_); })
       data_->gather(indices, x, y, executor_);  // rows split over the backend's threads
     else
@@ -174,6 +185,7 @@ class Loader {
   parallel::GlobalSampler sampler_;
   backend::Executor* executor_ = nullptr;
   bool prefetch_ = true;
+  memory::Resource* bound_ = nullptr;  // the memory the batch buffers are made in (set_executor)
   std::unique_ptr<Buffers> buffers_;
 };
 

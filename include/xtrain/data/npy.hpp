@@ -161,12 +161,12 @@ inline NpyArray read_npy(const std::string& path) { return parse_npy(read_file_b
 
 /// Loads a .npy array of samples of any numeric dtype and rank as an fp32 tensor of its shape
 /// (`[N, 784]`, `[N, 1, 28, 28]`, ...). Throws DataError naming the file for a scalar.
-inline Matrix load_npy_tensor(const std::string& path) {
+inline Tensor<float> load_npy_tensor(const std::string& path) {
   const NpyArray a = read_npy(path);
   XTRAIN_CHECK(!a.shape.empty(), DataError, path, ": expected an array of samples, found a scalar");
   XTRAIN_CHECK(a.shape.size() <= Shape::max_rank, DataError, path, ": ", a.shape.size(), " dimensions; at most ",
                Shape::max_rank, " are supported");
-  Matrix m{Shape(a.shape)};
+  Tensor<float> m{Shape(a.shape)};
   const std::size_t n = a.count();
   if (a.type == NpyType::float32)
     std::memcpy(m.data(), a.bytes.data() + a.offset, n * sizeof(float));
@@ -176,8 +176,8 @@ inline Matrix load_npy_tensor(const std::string& path) {
 }
 
 /// Loads a .npy array of any numeric dtype as fp32 rows `[shape[0], product of the rest]`.
-inline Matrix load_npy_features(const std::string& path) {
-  Matrix m = load_npy_tensor(path);
+inline Tensor<float> load_npy_features(const std::string& path) {
+  Tensor<float> m = load_npy_tensor(path);
   const std::size_t rows = m.shape(0);
   m.resize({rows, rows ? m.size() / rows : 0});  // the same elements, viewed as rows
   return m;

@@ -12,8 +12,10 @@
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/param.hpp"
+#include "xtrain/core/saved_input.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/elementwise.hpp"
+#include "xtrain/layers/fusion.hpp"
 
 namespace xtrain::layers {
 
@@ -47,23 +49,20 @@ class Activation {
       for_runs(ctx, x.shape(),
                [&](std::size_t b, std::size_t n) { kernels::activation_forward<Op>(x.data() + b, y.data() + b, n); });
     });
-    x_ = &x;
-    x_type_ = activation_type_index<T>;
+    x_.save(x);
     return y;
   }
 
   template <ActivationType T>
   const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
-    XTRAIN_CHECK(x_ != nullptr, ValueError, describe(), ": backward called before forward");
-    XTRAIN_CHECK(x_type_ == activation_type_index<T>, ValueError, describe(), ": backward in ",
-                 activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(x_type_));
+    const Tensor<T>& x = x_.get<T>(*this);
     const Tensor<T>& y = y_.get<T>();
     XTRAIN_CHECK(dy.shape() == y.shape(), ShapeError, describe(), ": gradient has shape ", dy.shape().str(),
                  ", expected ", y.shape().str());
     Tensor<T>& dx = dx_.get<T>();
     dx.resize(dy.shape());
     dispatch([&]<class Op>() {
-      const T* saved = Op::saves_input ? static_cast<const Tensor<T>*>(x_)->data() : y.data();
+      const T* saved = Op::saves_input ? x.data() : y.data();
       for_runs(ctx, dy.shape(), [&](std::size_t b, std::size_t n) {
         kernels::activation_backward<Op>(saved + b, dy.data() + b, dx.data() + b, n);
       });
@@ -75,8 +74,8 @@ class Activation {
   void visit(V&) {}
 
   ActivationKind kind() const noexcept { return kind_; }
-  /// Whether this is max(x, 0) (Sequential fuses it into a BatchNorm before it).
-  bool is_relu() const noexcept { return kind_ == ActivationKind::relu; }
+  /// Fusion (layers/fusion.hpp): a ReLU is an operation the modules around it may apply.
+  fusion::Op fusion_op() const noexcept { return kind_ == ActivationKind::relu ? fusion::Op::relu : fusion::Op::none; }
   std::string describe() const {
     switch (kind_) {
       case ActivationKind::relu:
@@ -135,8 +134,7 @@ class Activation {
   }
 
   ActivationKind kind_;
-  const void* x_ = nullptr;  // the Tensor<T> of the last forward
-  int x_type_ = 0;           // its activation_type_index
+  SavedInput x_;
   ActivationBuffers y_, dx_;
 };
 

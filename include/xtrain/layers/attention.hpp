@@ -29,6 +29,7 @@
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/module.hpp"
+#include "xtrain/core/saved_input.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/attention.hpp"
 #include "xtrain/kernels/convert.hpp"
@@ -78,17 +79,14 @@ class CausalSelfAttention {
         round_rows(head, d, out, embd_);
       }
     });
-    qkv_out_ = &qkv;
-    type_ = activation_type_index<T>;
+    qkv_out_.save(qkv);
     return xtrain::forward(ctx, proj_, att);
   }
 
   /// dx; the projections' gradients are added into (and reported ready) as they are computed.
   template <ActivationType T>
   const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
-    XTRAIN_CHECK(qkv_out_ != nullptr, ValueError, describe(), ": backward called before forward");
-    XTRAIN_CHECK(type_ == activation_type_index<T>, ValueError, describe(), ": backward in ",
-                 activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(type_));
+    const Tensor<T>& qkv_out = qkv_out_.get<T>(*this);
     const bool want_input_grad = ctx.input_grad;
     ctx.input_grad = true;
     const Tensor<T>& datt = xtrain::backward(ctx, proj_, dy);
@@ -97,7 +95,7 @@ class CausalSelfAttention {
     const S<T>* q = nullptr;
     const S<T>* dout = nullptr;
     if constexpr (std::is_same_v<S<T>, T>) {
-      q = static_cast<const Tensor<T>*>(qkv_out_)->data();
+      q = qkv_out.data();
       dout = datt.data();
     } else {
       q = qkv32_.data();
@@ -106,7 +104,7 @@ class CausalSelfAttention {
       dout = dout32_.data();
     }
     Tensor<T>& dqkv = dqkv_.get<T>();
-    dqkv.resize(static_cast<const Tensor<T>*>(qkv_out_)->shape());
+    dqkv.resize(qkv_out.shape());
     // Each pair writes its own columns of its own rows of dqkv (the heads' columns cover all of it).
     const auto fetch = [&](std::size_t b, std::size_t h) {
       const std::size_t row0 = b * positions_;
@@ -208,8 +206,7 @@ class CausalSelfAttention {
   std::size_t embd_, heads_;
   Linear qkv_, proj_;
   std::size_t batch_ = 0, positions_ = 0;
-  const void* qkv_out_ = nullptr;  // the qkv projection's output of the last forward
-  int type_ = 0;
+  SavedInput qkv_out_;  // the qkv projection's output of the last forward
   Tensor<float> lse_, scratch_;
   Tensor<float> qkv32_, dout32_;  // 16-bit run in fp32 (see S)
   ActivationBuffers att_, dqkv_;

@@ -13,16 +13,19 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/module.hpp"
 #include "xtrain/core/param.hpp"
+#include "xtrain/core/saved_input.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/convert.hpp"
 #include "xtrain/kernels/elementwise.hpp"
 #include "xtrain/kernels/norm_planes.hpp"
+#include "xtrain/layers/fusion.hpp"
 
 namespace xtrain::layers {
 
@@ -64,17 +67,15 @@ class BatchNorm {
   }
   bool sync_stats() const noexcept { return sync_; }
 
-  /// Applies ReLU to its output: max(y, 0), and ReLU's backward before its own (the
-  /// same values as a ReLU layer after it, without that layer's passes over memory). Sequential
-  /// sets it before each forward (on when the next module is a ReLU) and skips that ReLU whenever
-  /// relu_applied(). A BatchNorm taken out of a Sequential keeps the setting of its last forward.
-  BatchNorm& fuse_relu(bool on) noexcept {
-    fuse_relu_ = on;
-    return *this;
+  /// Fusion (layers/fusion.hpp): takes a ReLU right after it, applying max(y, 0) in its
+  /// normalising pass and the ReLU's mask in its backward passes (the values of the two layers,
+  /// without the ReLU's passes over memory). For the next forward only.
+  fusion::Taken absorb(fusion::Offer offer) noexcept {
+    fuse_relu_ = offer.after[0] == fusion::Op::relu;
+    return {0, std::uint8_t(fuse_relu_ ? 1 : 0)};
   }
-  bool fuse_relu() const noexcept { return fuse_relu_; }
-  /// Whether the last forward applied ReLU (fuse_relu, at its last forward).
-  bool relu_applied() const noexcept { return relu_applied_; }
+  /// What the last forward took: the ReLU after it, or nothing.
+  fusion::Taken absorbed() const noexcept { return {0, std::uint8_t(relu_applied_ ? 1 : 0)}; }
 
   /// Added to the variance; Requires eps > 0.
   BatchNorm& eps(float e) {
@@ -92,25 +93,26 @@ class BatchNorm {
   const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
     if (spatial(x) != 1) return forward_planes(ctx, x);  // planes, or none (an empty plane)
     planes_ = false;
-    relu_applied_ = fuse_relu_;
-    x_type_ = activation_type_index<T>;
+    relu_applied_ = std::exchange(fuse_relu_, false);
+    x_.save_type<T>();  // rows keep x-hat
     if constexpr (std::is_same_v<T, float>)
       return forward_f32(ctx, x, y_);
     else
-      return through_f32(ctx, x, out_,
-                         [&](const Matrix& x32, Matrix& y) -> const Matrix& { return forward_f32(ctx, x32, y); });
+      return through_f32(ctx, x, out_, [&](const Tensor<float>& x32, Tensor<float>& y) -> const Tensor<float>& {
+        return forward_f32(ctx, x32, y);
+      });
   }
 
   /// dgamma += sum(dy * xhat), dbeta += sum(dy); dx through the batch statistics when training.
   template <ActivationType T>
   const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
     if (planes_) return backward_planes(ctx, dy);
-    check_backward_type<T>();
+    x_.check<T>(*this);
     if constexpr (std::is_same_v<T, float>) {
       return backward_f32(ctx, dy, dx_, relu_applied_ ? y_.data() : nullptr);
     } else {
       // dx goes to grad_, so out_ stays the output (the fused ReLU's mask) until the next forward.
-      return through_f32(ctx, dy, grad_, [&](Matrix& dy32, Matrix& dx) -> const Matrix& {
+      return through_f32(ctx, dy, grad_, [&](Tensor<float>& dy32, Tensor<float>& dx) -> const Tensor<float>& {
         if (relu_applied_) mask_by_output(ctx, out_.get<T>(), dy32);
         return backward_f32(ctx, dy32, dx, nullptr);
       });
@@ -142,10 +144,10 @@ class BatchNorm {
   template <class T, class F>
   const Tensor<T>& through_f32(Context& ctx, const Tensor<T>& in, ActivationBuffers& dest, F&& f) {
     const backend::WorkspaceFor ws(ctx.executor);
-    Matrix& in32 = ws->tensor(0, in.shape());
-    Matrix& out32 = ws->tensor(1, in.shape());  // f gives it this shape (or none)
+    Tensor<float>& in32 = ws->tensor(0, in.shape());
+    Tensor<float>& out32 = ws->tensor(1, in.shape());  // f gives it this shape (or none)
     kernels::to_float(in.data(), in32.data(), in.size(), ctx.executor);
-    const Matrix& r = f(in32, out32);
+    const Tensor<float>& r = f(in32, out32);
     Tensor<T>& out = dest.get<T>();
     out.resize(r.shape());
     kernels::from_float(r.data(), out.data(), r.size(), ctx.executor);
@@ -153,13 +155,6 @@ class BatchNorm {
   }
 
   static std::string name() { return Dims == 1 ? "BatchNorm1d" : "BatchNorm2d"; }
-
-  // A backward in T must follow a forward in T (its saved tensors are of that type).
-  template <class T>
-  void check_backward_type() const {
-    XTRAIN_CHECK(x_type_ == activation_type_index<T>, ValueError, describe(), ": backward in ",
-                 activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(x_type_));
-  }
 
   // f(j0, j1) over ranges of the features, split over the context's threads (each feature's
   // sums still run over the rows in order on one thread: the same values on any thread count).
@@ -232,7 +227,7 @@ class BatchNorm {
   }
 
   // Rows [N, C] (fp32): writes y; keeps x-hat and the statistics for backward.
-  const Matrix& forward_f32(Context& ctx, const Matrix& x, Matrix& y) {
+  const Tensor<float>& forward_f32(Context& ctx, const Tensor<float>& x, Tensor<float>& y) {
     const std::size_t n = x.shape(0), c = features_;
     xhat_.resize(x.shape());
     y.resize(x.shape());
@@ -252,9 +247,8 @@ class BatchNorm {
     const std::size_t n = x.shape(0), c = features_, sp = spatial_size(x.shape());
     statistics(ctx, x.data(), x.shape(), sp);
     planes_ = true;
-    relu_applied_ = fuse_relu_;
-    x_ = &x;
-    x_type_ = activation_type_index<T>;
+    relu_applied_ = std::exchange(fuse_relu_, false);
+    x_.save(x);
     Tensor<T>& y = out_.get<T>();
     y.resize(x.shape());
     const float* g = weight_.data();
@@ -272,8 +266,7 @@ class BatchNorm {
   // Planes: dgamma, dbeta and dx (in grad_) from dy, x and the statistics of the last forward.
   template <class T>
   const Tensor<T>& backward_planes(Context& ctx, const Tensor<T>& dy) {
-    check_backward_type<T>();
-    const Tensor<T>& x = *static_cast<const Tensor<T>*>(x_);
+    const Tensor<T>& x = x_.get<T>(*this);
     XTRAIN_CHECK(dy.shape() == x.shape(), ShapeError, describe(), ": gradient has shape ", dy.shape().str(),
                  ", expected ", x.shape().str());
     const std::size_t n = x.shape(0), c = features_, sp = spatial_size(x.shape());
@@ -333,7 +326,7 @@ class BatchNorm {
   // Rows of 16-bit values with the ReLU fused: dy32[i] = 0 where the rounded output out[i] is not
   // above 0 (the mask a ReLU layer after this one would have applied, from its 16-bit input).
   template <class T>
-  void mask_by_output(Context& ctx, const Tensor<T>& out, Matrix& dy32) const {
+  void mask_by_output(Context& ctx, const Tensor<T>& out, Tensor<float>& dy32) const {
     XTRAIN_CHECK(out.shape() == dy32.shape(), ShapeError, describe(), ": gradient has shape ", dy32.shape().str(),
                  ", expected ", out.shape().str());
     const std::size_t n = dy32.shape(0), c = features_;
@@ -346,7 +339,7 @@ class BatchNorm {
 
   // Rows [N, C] (fp32): dgamma, dbeta and dx from dy and the saved x-hat; with `relu_out` (the
   // fused ReLU's output), dy counts only where relu_out > 0, as after the ReLU layer's backward.
-  const Matrix& backward_f32(Context& ctx, const Matrix& dy, Matrix& dx, const float* relu_out) {
+  const Tensor<float>& backward_f32(Context& ctx, const Tensor<float>& dy, Tensor<float>& dx, const float* relu_out) {
     const std::size_t n = xhat_.shape(0), c = features_;
     XTRAIN_CHECK(dy.shape() == xhat_.shape(), ShapeError, describe(), ": gradient has shape ", dy.shape().str(),
                  ", expected ", xhat_.shape().str());
@@ -387,12 +380,11 @@ class BatchNorm {
   std::vector<float> mean_, invstd_, mean_dy_, mean_dy_xhat_, scale_;  // per feature
   std::vector<double, memory::Allocator<double>> scratch_;             // the sums of a pass (the backend's memory)
   bool training_ = true, sync_ = false, synced_ = false, planes_ = false, fuse_relu_ = false, relu_applied_ = false;
-  double count_ = 0.0;       // rows the last training statistics came from
-  Matrix xhat_, y_, dx_;     // rows, fp32: x-hat (kept for backward), output, input gradient
-  ActivationBuffers out_;    // bf16/fp16 rows, planes: the output
-  ActivationBuffers grad_;   // bf16/fp16 rows, planes: the input gradient
-  const void* x_ = nullptr;  // planes: the Tensor<T> of the last forward
-  int x_type_ = 0;           // the last forward's activation type (activation_type_index)
+  double count_ = 0.0;           // rows the last training statistics came from
+  Tensor<float> xhat_, y_, dx_;  // rows, fp32: x-hat (kept for backward), output, input gradient
+  ActivationBuffers out_;        // bf16/fp16 rows, planes: the output
+  ActivationBuffers grad_;       // bf16/fp16 rows, planes: the input gradient
+  SavedInput x_;                 // planes: the input; rows: its type
 };
 
 /// Over [N, C] or [N, C, L] (PyTorch's nn.BatchNorm1d).

@@ -27,7 +27,7 @@
 ///   more input channels per group (bf16 products) when the batch fills the lanes
 ///   (image_lanes_fills). Each group of 16 images writes its own weight-gradient partial (and,
 ///   with fp32 products, bias-gradient partial), added in order: thread-count invariant. In fp32
-///   it can also max-pool its output in the lane layout (fuse_max_pool, set by Sequential).
+///   it can also max-pool its output in the lane layout (absorb: layers/fusion.hpp).
 
 #include <algorithm>
 #include <cmath>
@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "xtrain/backend/executor.hpp"
@@ -44,6 +45,7 @@
 #include "xtrain/core/module.hpp"
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/rng.hpp"
+#include "xtrain/core/saved_input.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/conv.hpp"
 #include "xtrain/kernels/conv_direct.hpp"
@@ -54,6 +56,7 @@
 #include "xtrain/kernels/gemm_lowp.hpp"
 #include "xtrain/kernels/simd.hpp"
 #include "xtrain/layers/conv2d_lanes.hpp"
+#include "xtrain/layers/fusion.hpp"
 
 namespace xtrain::layers {
 
@@ -142,23 +145,22 @@ class Conv2d {
                                                                                          : Algorithm::im2col;
   }
 
-  /// Whether the next forward also applies a 2 x 2 max pooling of stride 2 (a ReLU first when
-  /// `relu`) to its output, as MaxPool2d(2) after it would: Sequential sets it for Conv2d-MaxPool2d
-  /// and Conv2d-ReLU-MaxPool2d and skips the modules it covers when `pool_applied()` says it did.
-  /// It applies with image_lanes, fp32 activations and output planes of even sizes (otherwise the
-  /// layers run one by one): the convolution's output is pooled while it is
-  /// in the lane layout, so the full-size planes are never transposed back, nor their gradient
-  /// framed. Forward, input gradient and weight gradient are bitwise those of the separate
-  /// layers; the bias gradient is summed per group of images in the lane layout either way.
-  Conv2d& fuse_max_pool(bool on, bool relu = false) noexcept {
-    fuse_pool_ = on;
-    pool_relu_ = relu;
-    return *this;
+  /// Fusion (layers/fusion.hpp): takes a 2 x 2 max pool of stride 2 right after it, or a ReLU
+  /// and then one, as MaxPool2d(2) after it would pool its output. It applies them with
+  /// image_lanes, fp32 activations and output planes of even sizes (otherwise the modules run one
+  /// by one: absorbed() says which): the output is pooled while it is in the lane layout, so the
+  /// full-size planes are never transposed back, nor their gradient framed. Forward, input
+  /// gradient and weight gradient are bitwise those of the separate layers; the bias gradient is
+  /// summed per group of images in the lane layout either way. For the next forward only.
+  fusion::Taken absorb(fusion::Offer offer) noexcept {
+    const bool pool_next = offer.after[0] == fusion::Op::max_pool_2x2;
+    pool_relu_ = offer.after[0] == fusion::Op::relu && offer.after[1] == fusion::Op::max_pool_2x2;
+    fuse_pool_ = pool_next || pool_relu_;
+    return {0, std::uint8_t(fuse_pool_ ? (pool_relu_ ? 2 : 1) : 0)};
   }
-  bool fuse_max_pool() const noexcept { return fuse_pool_; }
-  /// Whether the last forward pooled its output (fuse_max_pool): its output and its backward's
-  /// gradient then have the pooled planes.
-  bool pool_applied() const noexcept { return pool_applied_; }
+  /// What the last forward took: its output and its backward's gradient then have the pooled
+  /// planes.
+  fusion::Taken absorbed() const noexcept { return {0, std::uint8_t(pool_applied_ ? (pool_relu_ ? 2 : 1) : 0)}; }
 
   /// Re-draws W and b as PyTorch's `reset_parameters` does, from `gen`.
   void reset_parameters(Generator& gen) {
@@ -181,13 +183,12 @@ class Conv2d {
     window_ = geometry;
     const std::size_t n = x.shape(0), plane = window_.out_plane(), og = out_ / groups_, kg = fan_in();
     Tensor<T>& y = y_.get<T>();
-    pool_applied_ = fuse_pool_ && poolable<T>(n);
+    pool_applied_ = std::exchange(fuse_pool_, false) && poolable<T>(n);
     if (pool_applied_)
       y.resize({n, out_, window_.oh / 2, window_.ow / 2});
     else
       y.resize({n, out_, window_.oh, window_.ow});
-    x_ = &x;
-    x_type_ = activation_type_index<T>;
+    x_.save(x);
     if (algorithm<T>(n) == Algorithm::direct) {
       forward_direct(ctx, x, y);
       return y;
@@ -232,10 +233,7 @@ class Conv2d {
   /// ctx.input_grad (else an empty tensor).
   template <ActivationType T>
   const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
-    XTRAIN_CHECK(x_ != nullptr, ValueError, describe(), ": backward called before forward");
-    XTRAIN_CHECK(x_type_ == activation_type_index<T>, ValueError, describe(), ": backward in ",
-                 activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(x_type_));
-    const Tensor<T>& x = *static_cast<const Tensor<T>*>(x_);
+    const Tensor<T>& x = x_.get<T>(*this);
     const std::size_t n = x.shape(0), plane = window_.out_plane(), og = out_ / groups_, kg = fan_in();
     const Shape expected =
         pool_applied_ ? Shape{n, out_, window_.oh / 2, window_.ow / 2} : Shape{n, out_, window_.oh, window_.ow};
@@ -399,7 +397,7 @@ class Conv2d {
   }
 
   // Whether a batch of n images of type T runs image_lanes with fp32 products, which sums the
-  // bias gradient in its lane layout and can pool its output (fuse_max_pool).
+  // bias gradient in its lane layout and can pool its output (absorb).
   template <class T>
   bool lanes_bias(std::size_t n) const noexcept {
     return algorithm<T>(n) == Algorithm::image_lanes && !image_lanes_bf16_products<T>;
@@ -587,14 +585,13 @@ class Conv2d {
   std::size_t in_, out_, groups_;
   kernels::Window window_;
   Param weight_, bias_;
-  const void* x_ = nullptr;  // the Tensor<T> of the last forward
-  int x_type_ = 0;           // its activation_type_index
+  SavedInput x_;
   ActivationBuffers y_, dx_;
   Buffer<float> f32_[2], dcol_, acc_;  // see buffer(); the columns' gradient; fp32 accumulator (16-bit runs)
   Buffer<float> partials_, flipped_;   // direct, image_lanes: each block's weight gradient; the flipped kernel
   detail::ImageLanes lanes_;           // image_lanes: its state (the bf16-paired weights)
   Buffer<float> bias_partials_;        // image_lanes, fp32 products: each group's bias sums
-  std::vector<std::uint8_t, memory::Allocator<std::uint8_t>> pool_index_;  // fuse_max_pool: argmaxes
+  std::vector<std::uint8_t, memory::Allocator<std::uint8_t>> pool_index_;  // a pool taken: argmaxes
   bool fuse_pool_ = false, pool_relu_ = false, pool_applied_ = false;
   Buffer<float> transposed_;  // direct by output channels: the weights [c][tap][o], then the bias
   Algorithm algorithm_ = Algorithm::automatic;

@@ -43,7 +43,7 @@ struct ConvGeometry {
 };
 
 /// The 2 x 2 / 2 max pooling an image_lanes Conv2d applies to its output in the lane layout
-/// (Conv2d::fuse_max_pool): a ReLU first when `relu`; `index` holds each window's argmax
+/// (Conv2d::absorb, layers/fusion.hpp): a ReLU first when `relu`; `index` holds each window's argmax
 /// (kernels::lanes::max_pool) per group of L images, conv group, output plane, window and lane.
 struct LanesPool {
   bool relu = false;

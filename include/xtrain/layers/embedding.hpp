@@ -17,6 +17,7 @@
 #include "xtrain/core/module.hpp"
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/rng.hpp"
+#include "xtrain/core/saved_input.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/convert.hpp"
 
@@ -51,7 +52,7 @@ class Embedding {
     for (std::size_t i = 0; i < n; ++i)
       kernels::from_float(w + static_cast<std::size_t>(ids.data()[i]) * dim_, y.data() + i * dim_, dim_);
     ids_ = &ids;
-    type_ = activation_type_index<T>;
+    type_.save_type<T>();
     return y;
   }
 
@@ -59,9 +60,7 @@ class Embedding {
   /// have no gradient).
   template <ActivationType T>
   const Tensor<T>& backward(Context&, const Tensor<T>& dy) {
-    XTRAIN_CHECK(ids_ != nullptr, ValueError, describe(), ": backward called before forward");
-    XTRAIN_CHECK(type_ == activation_type_index<T>, ValueError, describe(), ": backward in ",
-                 activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(type_));
+    type_.check<T>(*this);  // (and so ids_ is set)
     const std::size_t n = ids_->size();
     XTRAIN_CHECK(dy.size() == n * dim_ && dy.cols() == dim_, ShapeError, describe(), ": gradient has shape ",
                  dy.shape().str(), ", expected ", y_.get<T>().shape().str());
@@ -99,7 +98,7 @@ class Embedding {
   std::size_t num_, dim_;
   Param weight_;
   const Tensor<std::int32_t>* ids_ = nullptr;
-  int type_ = 0;
+  SavedInput type_;  // the output's type (the ids are not activations)
   ActivationBuffers y_, dx_;
 };
 

@@ -15,6 +15,7 @@
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/module.hpp"
 #include "xtrain/core/param.hpp"
+#include "xtrain/core/saved_input.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/convert.hpp"
 #include "xtrain/kernels/layer_norm.hpp"
@@ -66,18 +67,14 @@ class LayerNorm {
                               }
                             }
                           });
-    x_ = &x;
-    type_ = activation_type_index<T>;
+    x_.save(x);
     return y;
   }
 
   /// dx; weight.grad and bias.grad are added into.
   template <ActivationType T>
   const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
-    XTRAIN_CHECK(x_ != nullptr, ValueError, describe(), ": backward called before forward");
-    XTRAIN_CHECK(type_ == activation_type_index<T>, ValueError, describe(), ": backward in ",
-                 activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(type_));
-    const Tensor<T>& x = *static_cast<const Tensor<T>*>(x_);
+    const Tensor<T>& x = x_.get<T>(*this);
     XTRAIN_CHECK(dy.shape() == x.shape(), ShapeError, describe(), ": gradient has shape ", dy.shape().str(),
                  ", expected ", x.shape().str());
     const std::size_t rows = x.rows();
@@ -132,8 +129,7 @@ class LayerNorm {
   std::size_t dim_;
   float eps_;
   Param weight_, bias_;
-  const void* x_ = nullptr;
-  int type_ = 0;
+  SavedInput x_;
   Tensor<float> mean_, rstd_;
   ActivationBuffers y_, dx_;
 };

@@ -14,6 +14,7 @@
 #include "xtrain/core/module.hpp"
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/rng.hpp"
+#include "xtrain/core/saved_input.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/convert.hpp"
 #include "xtrain/kernels/elementwise.hpp"
@@ -55,18 +56,14 @@ class Linear {
     // The bias is added as the product's tiles are stored: no pass of its own over y.
     kernels::gemm_into<T>(kernels::Trans::no, kernels::Trans::yes, n, out_, in_, x.data(), in_, weight_.data(), in_,
                           y.data(), *ws, ctx.executor, has_bias() ? bias_.data() : nullptr);
-    x_ = &x;
-    x_type_ = activation_type_index<T>;
+    x_.save(x);
     return y;
   }
 
   /// dW += dy^T x, db += column sums of dy; dx = dy W when ctx.input_grad (else an empty matrix).
   template <ActivationType T>
   const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
-    XTRAIN_CHECK(x_ != nullptr, ValueError, describe(), ": backward called before forward");
-    XTRAIN_CHECK(x_type_ == activation_type_index<T>, ValueError, describe(), ": backward in ",
-                 activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(x_type_));
-    const Tensor<T>& x = *static_cast<const Tensor<T>*>(x_);
+    const Tensor<T>& x = x_.get<T>(*this);
     const std::size_t n = x.rows();
     XTRAIN_CHECK(dy.shape() == x.shape().with_back(out_), ShapeError, describe(), ": gradient has shape ",
                  dy.shape().str(), ", expected ", x.shape().with_back(out_).str());
@@ -109,8 +106,7 @@ class Linear {
  private:
   std::size_t in_, out_;
   Param weight_, bias_;
-  const void* x_ = nullptr;  // the Tensor<T> of the last forward
-  int x_type_ = 0;           // its activation_type_index
+  SavedInput x_;
   ActivationBuffers y_, dx_;
 };
 

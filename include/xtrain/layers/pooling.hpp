@@ -13,15 +13,18 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "xtrain/backend/executor.hpp"
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/memory.hpp"
+#include "xtrain/core/saved_input.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/conv.hpp"
 #include "xtrain/kernels/convert.hpp"
+#include "xtrain/layers/fusion.hpp"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -76,10 +79,8 @@ void check_image(const Tensor<T>& x, kernels::Window& window, const Who& who) {
 
 /// Backward's common checks: forward ran, in the same type, and dy has the output's shape.
 template <class T, class Who>
-void check_backward(const void* x, int x_type, const Shape& dy, const Shape& expected, const Who& who) {
-  XTRAIN_CHECK(x != nullptr, ValueError, name_of(who), ": backward called before forward");
-  XTRAIN_CHECK(x_type == activation_type_index<T>, ValueError, name_of(who), ": backward in ",
-               activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(x_type));
+void check_backward(const SavedInput& x, const Shape& dy, const Shape& expected, const Who& who) {
+  x.check<T>(who);
   XTRAIN_CHECK(dy == expected, ShapeError, name_of(who), ": gradient has shape ", dy.str(), ", expected ",
                expected.str());
 }
@@ -170,7 +171,7 @@ inline bool max_pool_pairs(const float* r0, std::size_t w, std::size_t ow, std::
 #if defined(__AVX512F__)
 /// The gradient of max_pool_pairs for one pair of rows: dx's two rows (2 ow values each) get dy[q]
 /// where arg[q] points and 0 elsewhere (the windows do not overlap: a store, not a sum). With
-/// `pooled` (not null), dy[q] only where pooled[q] > 0 (a ReLU before the pool, MaxPool2d::relu_input).
+/// `pooled` (not null), dy[q] only where pooled[q] > 0 (a ReLU before the pool, taken by MaxPool2d::absorb).
 inline void max_unpool_pairs(const float* dy, const std::int32_t* arg, std::size_t w, std::size_t ow, std::int32_t base,
                              const float* pooled, float* dx0) noexcept {
   const __m512i lane2 = _mm512_slli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 1);
@@ -223,21 +224,20 @@ class MaxPool2d {
     detail::check_window(window_, *this);
   }
 
-  /// Whether the next forward applies a ReLU to its input first (Sequential sets it for a ReLU
-  /// followed by this pool, which it then skips): the pool takes max(x, 0) of each value as it
-  /// reads it (as the ReLU layer computes it: +0 for a NaN and for -0) and its backward passes
-  /// the gradient only where the window's maximum is positive, as the ReLU's backward would.
-  /// Bitwise the values of the two layers, without the ReLU's two passes over full-size planes.
-  MaxPool2d& relu_input(bool on) noexcept {
-    relu_input_ = on;
-    return *this;
+  /// Fusion (layers/fusion.hpp): a max pool, of the 2 x 2 window of stride 2 without padding or
+  /// dilation (LeNet's, which a Conv2d before it can apply itself) or another.
+  fusion::Op fusion_op() const noexcept { return pairs() ? fusion::Op::max_pool_2x2 : fusion::Op::max_pool; }
+  /// Fusion: takes a ReLU right before it. The pool then takes max(x, 0) of each value as it
+  /// reads it (as the ReLU layer computes it: +0 for a NaN and for -0) and its backward passes the
+  /// gradient only where the window's maximum is positive, as the ReLU's backward would: bitwise
+  /// the values of the two layers, without the ReLU's two passes over full-size planes. For the
+  /// next forward only.
+  fusion::Taken absorb(fusion::Offer offer) noexcept {
+    relu_input_ = offer.before == fusion::Op::relu;
+    return {std::uint8_t(relu_input_ ? 1 : 0), 0};
   }
-  bool relu_input() const noexcept { return relu_input_; }
-  /// Whether the last forward applied the ReLU before the pool (relu_input).
-  bool relu_input_applied() const noexcept { return relu_applied_; }
-  /// Whether this is the 2 x 2 window of stride 2 without padding or dilation (LeNet's), which a
-  /// Conv2d before it can apply itself (Conv2d::fuse_max_pool, set by Sequential).
-  bool window_2x2() const noexcept { return pairs(); }
+  /// What the last forward took: the ReLU before it, or nothing.
+  fusion::Taken absorbed() const noexcept { return {std::uint8_t(relu_applied_ ? 1 : 0), 0}; }
 
   /// Planes split over the backend's threads (each plane's outputs computed as on one thread).
   template <ActivationType T>
@@ -249,14 +249,13 @@ class MaxPool2d {
     argmax_.resize(y.shape());
     const float* px = wide_.input(x);
     float* py = wide_.output(y);
-    const bool relu = relu_input_;
+    const bool relu = std::exchange(relu_input_, false);
     backend::parallel_for(ctx.executor, planes, grain(in), 1, [&](std::size_t p0, std::size_t p1) {
       for (std::size_t p = p0; p < p1; ++p) pool_plane(px + p * in, py + p * out, argmax_.data() + p * out, relu);
     });
     wide_.finish(y);
     relu_applied_ = relu;
-    x_ = &x;
-    x_type_ = activation_type_index<T>;
+    x_.save(x);
     in_shape_ = x.shape();
     return y;
   }
@@ -264,7 +263,7 @@ class MaxPool2d {
   /// dx[argmax of each window] += dy.
   template <ActivationType T>
   const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
-    detail::check_backward<T>(x_, x_type_, dy.shape(), argmax_.shape(), *this);
+    detail::check_backward<T>(x_, dy.shape(), argmax_.shape(), *this);
     Tensor<T>& dx = dx_.get<T>();
     dx.resize(in_shape_);
     const float* pd = wide_.input(dy);
@@ -367,14 +366,13 @@ class MaxPool2d {
   }
 
   kernels::Window window_;
-  const void* x_ = nullptr;
-  int x_type_ = 0;
+  SavedInput x_;
   bool relu_input_ = false, relu_applied_ = false;
   Shape in_shape_;
   Tensor<std::int32_t> argmax_;  // index in its input plane of each output's maximum
   ActivationBuffers y_, dx_;
   detail::Widened wide_;
-  std::vector<float, memory::Allocator<float>> pooled32_;  // bf16/fp16 with relu_input: the outputs widened
+  std::vector<float, memory::Allocator<float>> pooled32_;  // bf16/fp16 with a ReLU taken: the outputs widened
 };
 
 class AvgPool2d {
@@ -403,8 +401,7 @@ class AvgPool2d {
         x.shape(0) * x.shape(1), [&](std::size_t xi, std::size_t yi, float scale) { py[yi] += scale * px[xi]; }, py,
         y.size());
     wide_.finish(y);
-    x_ = &x;
-    x_type_ = activation_type_index<T>;
+    x_.save(x);
     in_shape_ = x.shape();
     out_shape_ = y.shape();
     return y;
@@ -413,7 +410,7 @@ class AvgPool2d {
   /// dx[window] += dy / divisor.
   template <ActivationType T>
   const Tensor<T>& backward(Context&, const Tensor<T>& dy) {
-    detail::check_backward<T>(x_, x_type_, dy.shape(), out_shape_, *this);
+    detail::check_backward<T>(x_, dy.shape(), out_shape_, *this);
     Tensor<T>& dx = dx_.get<T>();
     dx.resize(in_shape_);
     const float* pd = wide_.input(dy);
@@ -464,8 +461,7 @@ class AvgPool2d {
 
   kernels::Window window_;
   bool include_pad_ = true;
-  const void* x_ = nullptr;
-  int x_type_ = 0;
+  SavedInput x_;
   Shape in_shape_, out_shape_;
   ActivationBuffers y_, dx_;
   detail::Widened wide_;
@@ -491,14 +487,13 @@ class AdaptiveAvgPool2d {
     float* py = wide_.output(y);
     sweep([&](std::size_t xi, std::size_t yi, float scale) { py[yi] += scale * px[xi]; }, py, y.size());
     wide_.finish(y);
-    x_ = &x;
-    x_type_ = activation_type_index<T>;
+    x_.save(x);
     return y;
   }
 
   template <ActivationType T>
   const Tensor<T>& backward(Context&, const Tensor<T>& dy) {
-    detail::check_backward<T>(x_, x_type_, dy.shape(), Shape{in_shape_[0], in_shape_[1], out_.h, out_.w}, *this);
+    detail::check_backward<T>(x_, dy.shape(), Shape{in_shape_[0], in_shape_[1], out_.h, out_.w}, *this);
     Tensor<T>& dx = dx_.get<T>();
     dx.resize(in_shape_);
     const float* pd = wide_.input(dy);
@@ -531,8 +526,7 @@ class AdaptiveAvgPool2d {
   }
 
   Size2 out_;
-  const void* x_ = nullptr;
-  int x_type_ = 0;
+  SavedInput x_;
   Shape in_shape_;
   ActivationBuffers y_, dx_;
   detail::Widened wide_;

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/error.hpp"
@@ -19,6 +20,7 @@
 #include "xtrain/layers/activations.hpp"
 #include "xtrain/layers/batch_norm.hpp"
 #include "xtrain/layers/conv2d.hpp"
+#include "xtrain/layers/fusion.hpp"
 #include "xtrain/layers/residual.hpp"
 #include "xtrain/layers/sequential.hpp"
 
@@ -40,7 +42,6 @@ class BasicBlock {
         bn2_(out_channels) {
     if (stride != 1 || in_channels != out_channels)
       downsample_.emplace(Conv2d{in_channels, out_channels, 1, stride, 0, 1, 1, false}, BatchNorm2d{out_channels});
-    bn1_.fuse_relu(true);  // relu1 runs inside bn1 (BatchNorm::fuse_relu)
   }
 
   /// Batch statistics of every BatchNorm2d of the block over all ranks (SyncBatchNorm).
@@ -53,9 +54,7 @@ class BasicBlock {
 
   template <ActivationType T>
   const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
-    const Tensor<T>& h1 = xtrain::forward(ctx, bn1_, xtrain::forward(ctx, conv1_, x));
-    const Tensor<T>& a1 = bn1_.relu_applied() ? h1 : relu1_.forward(ctx, h1);
-    const Tensor<T>& h2 = xtrain::forward(ctx, bn2_, xtrain::forward(ctx, conv2_, a1));
+    const Tensor<T>& h2 = body_.forward(ctx, body(), x);  // bn1 takes relu1 (layers/fusion.hpp)
     const Tensor<T>& s = downsample_ ? xtrain::forward(ctx, *downsample_, x) : x;
     XTRAIN_CHECK(s.shape() == h2.shape(), ShapeError, describe(), ": input has shape ", x.shape().str(),
                  "; the block maps it to ", h2.shape().str(), " and the shortcut to ", s.shape().str(),
@@ -74,11 +73,7 @@ class BasicBlock {
     // The shortcut first: reverse visit order, so that gradient buckets fill in order.
     const Tensor<T>* dshort = &dsum;
     if (downsample_) dshort = &xtrain::backward(ctx, *downsample_, dsum);
-    ctx.input_grad = true;
-    const Tensor<T>& d2 = xtrain::backward(ctx, conv2_, xtrain::backward(ctx, bn2_, dsum));
-    const Tensor<T>& d1 = xtrain::backward(ctx, bn1_, bn1_.relu_applied() ? d2 : relu1_.backward(ctx, d2));
-    ctx.input_grad = want_input_grad;
-    const Tensor<T>& dbody = xtrain::backward(ctx, conv1_, d1);
+    const Tensor<T>& dbody = body_.backward(ctx, body(), dsum);
     Tensor<T>& dx = dx_.get<T>();
     if (!want_input_grad) {
       dx.resize({0});
@@ -109,6 +104,11 @@ class BasicBlock {
   }
 
  private:
+  // conv1, bn1, relu1, conv2, bn2: run as one chain, so that fusion is resolved as in Sequential.
+  std::tuple<Conv2d&, BatchNorm2d&, ReLU&, Conv2d&, BatchNorm2d&> body() noexcept {
+    return std::tie(conv1_, bn1_, relu1_, conv2_, bn2_);
+  }
+
   std::size_t in_, out_, stride_;
   Conv2d conv1_;
   BatchNorm2d bn1_;
@@ -117,6 +117,7 @@ class BasicBlock {
   BatchNorm2d bn2_;
   ReLU relu2_;
   std::optional<Downsample> downsample_;
+  fusion::Chain<5> body_;
   ActivationBuffers sum_, dx_;
 };
 

@@ -23,6 +23,7 @@
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/module.hpp"
 #include "xtrain/core/rng.hpp"
+#include "xtrain/core/saved_input.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/layers/activations.hpp"
 #include "xtrain/layers/attention.hpp"
@@ -112,7 +113,7 @@ class GPT {
     const Tensor<T>* h = &x;
     for (auto& block : blocks_) h = &xtrain::forward(ctx, block, *h);
     h = &xtrain::forward(ctx, ln_f_, *h);
-    type_ = activation_type_index<T>;
+    type_.save_type<T>();
     return xtrain::forward(ctx, head_, *h);
   }
 
@@ -120,8 +121,7 @@ class GPT {
   /// tensor: token ids have no gradient.
   template <ActivationType T>
   const Tensor<T>& backward(Context& ctx, const Tensor<T>& dlogits) {
-    XTRAIN_CHECK(type_ == activation_type_index<T>, ValueError, describe(), ": backward in ",
-                 activation_type_name(activation_type_index<T>), " after a forward in ", activation_type_name(type_));
+    type_.check<T>(*this);
     const bool want_input_grad = ctx.input_grad;
     ctx.input_grad = true;
     const Tensor<T>* d = &xtrain::backward(ctx, head_, dlogits);
@@ -184,7 +184,7 @@ class GPT {
   LayerNorm ln_f_;
   Linear head_;
   Tensor<std::int32_t> positions_;
-  int type_ = 0;
+  SavedInput type_;  // the type of the last forward (what backward must run in)
   ActivationBuffers x_, dx_;
 };
 

@@ -17,7 +17,9 @@
 
 #include <concepts>
 #include <cstddef>
+#include <span>
 
+#include "xtrain/core/context.hpp"
 #include "xtrain/core/tensor.hpp"
 
 namespace xtrain::loss {
@@ -48,6 +50,22 @@ consteval bool check_loss() {
                 "xtrain: this type is not a Loss: it needs forward(out, target, normalizer), backward(), sum(), "
                 "count(target) and terms_per_sample(target) (see xtrain/loss/loss.hpp)");
   return Loss<L>;
+}
+
+/// What the loss of a micro-step with targets `y` is divided by: the terms (samples, tokens not
+/// ignored, elements) of its global batch of `global_count` samples, times the `accumulate`
+/// micro-steps of an optimizer step. A loss whose count depends on the data (an ignore index)
+/// has its count summed over ranks through `collectives` (null on one process).
+template <Loss L>
+double normaliser(const L& loss, const typename L::target_type& y, std::size_t global_count, std::size_t accumulate,
+                  Collectives* collectives) {
+  const std::size_t per_sample = loss.terms_per_sample(y);
+  double terms = static_cast<double>(global_count) * static_cast<double>(per_sample);
+  if (per_sample == 0) {
+    terms = static_cast<double>(loss.count(y));
+    if (collectives) collectives->allreduce_sum(std::span<double>(&terms, 1), "loss normaliser");
+  }
+  return terms * static_cast<double>(accumulate);
 }
 
 }  // namespace xtrain::loss

@@ -4,20 +4,24 @@
 /// name, shape and kind get their own learning-rate and weight-decay multipliers, e.g. AdamW
 /// without weight decay on biases, norms and embeddings:
 ///
-///   TrainerOptions{}.param_groups({xtrain::optim::ParamGroup::no_weight_decay()})
+///   TrainingOptions{}.param_groups({xtrain::optim::ParamGroup::no_weight_decay()})
 ///
 /// A parameter belongs to the first group whose rule matches it, or to the default group
 /// (multipliers 1). The optimizer still makes one fused pass per run of consecutive parameters of
 /// one group. Groups, their multipliers and their members are saved in checkpoints.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "xtrain/backend/executor.hpp"
+#include "xtrain/core/concepts.hpp"
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/param_arena.hpp"
@@ -157,5 +161,54 @@ inline void restore_param_groups(std::vector<GroupScales>& scales, const ParamAr
     for (const auto& s : saved)
       if (s.name == g.name) g = s;
 }
+
+/// Elements per part of the optimizer's pass and of zero_grads when split over threads.
+inline constexpr std::size_t arena_grain = std::size_t{1} << 15;
+
+/// Zeroes `grads`, split over `e`'s threads at the optimizer pass's boundaries.
+inline void zero_grads(std::span<float> grads, backend::Executor* e) {
+  backend::parallel_for(e, grads.size(), arena_grain,
+                        [&](std::size_t b, std::size_t end) { std::fill_n(grads.data() + b, end - b, 0.0f); });
+}
+
+/// The parameter groups of an arena (each slot's group from the rules, the groups' multipliers,
+/// the runs of consecutive slots of one group) and the optimizer's pass over them.
+class ArenaGroups {
+ public:
+  ArenaGroups() = default;
+  /// Puts the parameters of `arena` in the groups of `rules` (first match; else the default).
+  ArenaGroups(ParamArena& arena, const std::vector<ParamGroup>& rules)
+      : scales_(assign_param_groups(arena, rules)), segments_(group_segments(arena)) {}
+
+  /// The groups' multipliers in force, the default group first.
+  const std::vector<GroupScales>& scales() const noexcept { return scales_; }
+  /// A checkpoint's groups replace these (restore_param_groups).
+  void restore(const ParamArena& arena, const std::vector<GroupScales>& saved,
+               const std::vector<std::uint64_t>& membership, const std::string& source) {
+    restore_param_groups(scales_, arena, saved, membership, source);
+  }
+
+  /// One fused optimizer pass per group over the arena range [begin, end) (a rank's block when
+  /// sharded: `state` starts at `begin`), the group's multipliers applied; each pass split over
+  /// `e`'s threads at multiples of 64 elements from its start, so every element gets the SIMD/tail
+  /// split it gets on one thread.
+  template <class Optimizer>
+  void step(const Optimizer& optimizer, typename Optimizer::State& state, ParamArena& arena, std::size_t begin,
+            std::size_t end, float lr, std::uint64_t step, backend::Executor* e) const {
+    for (const GroupSegment& seg : segments_) {
+      const std::size_t b = std::max(seg.begin, begin), last = std::min(seg.end, end);
+      if (b >= last) continue;
+      const GroupScales& g = scales_[seg.group];
+      backend::parallel_for(e, last - b, arena_grain, [&](std::size_t p0, std::size_t p1) {
+        optimizer.step(arena.values().subspan(b + p0, p1 - p0), arena.grads().subspan(b + p0, p1 - p0), state,
+                       StepInfo{lr * g.lr_scale, step, b + p0 - begin, g.weight_decay_scale});
+      });
+    }
+  }
+
+ private:
+  std::vector<GroupScales> scales_;
+  std::vector<GroupSegment> segments_;
+};
 
 }  // namespace xtrain::optim

@@ -17,8 +17,9 @@
 #include <zlib.h>
 
 #include "xtrain/core/error.hpp"
+#include "xtrain/core/memory.hpp"
 
-namespace xtrain {
+namespace xtrain::parallel {
 
 /// One field every rank must agree on: a name and its value as text.
 struct RunField {
@@ -26,12 +27,14 @@ struct RunField {
 };
 
 /// `size N, crc32 C`: the sample count and a CRC-32 of up to 256 evenly spaced samples (inputs
-/// and targets as gathered): the same data on every rank, cheaply.
+/// and targets as gathered): the same data on every rank, cheaply. The samples are gathered in
+/// `memory` (null: the current resource).
 template <class Dataset>
-std::string data_fingerprint(const Dataset& data) {
+std::string data_fingerprint(const Dataset& data, memory::Resource* memory = nullptr) {
   const std::size_t n = data.size(), picks = std::min<std::size_t>(n, 256);
   std::vector<std::uint32_t> indices(picks);
   for (std::size_t i = 0; i < picks; ++i) indices[i] = static_cast<std::uint32_t>(i * n / picks);
+  const memory::Use use(memory);
   typename Dataset::input_type x;
   typename Dataset::target_type y;
   uLong crc = crc32(0L, Z_NULL, 0);
@@ -88,4 +91,4 @@ void check_agreement(Communicator& comm, const std::vector<RunField>& fields) {
                    " has other fields than rank 0)");
 }
 
-}  // namespace xtrain
+}  // namespace xtrain::parallel

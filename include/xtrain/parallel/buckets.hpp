@@ -19,16 +19,9 @@
 #include "xtrain/core/param_arena.hpp"
 #include "xtrain/core/profiler.hpp"
 #include "xtrain/parallel/communicator.hpp"
+#include "xtrain/parallel/gradient_sync.hpp"
 
 namespace xtrain::parallel {
-
-/// Communication time of the gradient reductions, accumulated over steps.
-struct CommStats {
-  double waiting_seconds = 0.0;  ///< blocked in wait() after backward (exposed communication)
-  double overlap_seconds = 0.0;  ///< from the first bucket's start to the end of backward
-  std::size_t steps = 0;
-  std::size_t collectives = 0;
-};
 
 template <Communicator C>
 class GradientBuckets {

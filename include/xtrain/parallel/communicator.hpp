@@ -74,10 +74,10 @@ concept ProvidesNodeStorage = requires(C& c, std::size_t n, bool p) {
 /// (every rank's block rank() copied to every rank).
 /// Every collective is named (the name appears in timeout and mismatch reports).
 template <class C>
-concept Communicator = requires(C& c, std::span<float> f, std::span<double> d, std::span<const float> cf,
+concept Communicator = requires(C& c, const C& cc, std::span<float> f, std::span<double> d, std::span<const float> cf,
                                 std::string& s, typename C::Request& r) {
-  { c.rank() } -> std::convertible_to<std::size_t>;
-  { c.size() } -> std::convertible_to<std::size_t>;
+  { cc.rank() } -> std::convertible_to<std::size_t>;
+  { cc.size() } -> std::convertible_to<std::size_t>;
   c.allreduce_sum(f, "name");
   c.allreduce_sum(d, "name");
   c.broadcast(f, "name");
@@ -92,6 +92,51 @@ concept Communicator = requires(C& c, std::span<float> f, std::span<double> d, s
   c.reduce_scatter_sum(f, "name");
   c.allgather_blocks(f, "name");
 };
+
+/// Fails compilation with a message naming the first missing group of Communicator members.
+template <class C>
+consteval bool check_communicator() {
+  static_assert(
+      requires(const C& c) {
+        { c.rank() } -> std::convertible_to<std::size_t>;
+        { c.size() } -> std::convertible_to<std::size_t>;
+      },
+      "xtrain: the Communicator policy is not a Communicator (SingleProcess, parallel::ThreadAllReduce, "
+      "parallel::MpiAllReduce): it has no const members `rank()` and `size()` (the order: Trainer<Model, Optimizer, "
+      "Precision, Communicator, Backend, Loss>, Accelerator<Precision, Communicator, Backend>)");
+  static_assert(
+      requires(C & c, std::span<float> f, std::span<double> d, std::span<const float> cf, std::string & s) {
+        c.allreduce_sum(f, "name");
+        c.allreduce_sum(d, "name");
+        c.broadcast(f, "name");
+        c.broadcast(d, "name");
+        c.broadcast(s, "name");
+        c.allgather(cf, f, "name");
+        c.barrier("name");
+      },
+      "xtrain: this type is not a Communicator: it needs allreduce_sum (float and double spans), broadcast "
+      "(float, double, std::string), allgather and barrier, each taking the collective's name last");
+  static_assert(
+      requires { typename C::Request; },
+      "xtrain: this type is not a Communicator: it has no nested type `Request` (of iallreduce_sum)");
+  static_assert(
+      requires(C & c, std::span<float> f, typename C::Request & r) {
+        { c.iallreduce_sum(f, "name") } -> std::same_as<typename C::Request>;
+        { c.test(r) } -> std::convertible_to<bool>;
+        c.wait(r);
+      },
+      "xtrain: this type is not a Communicator: it needs `Request iallreduce_sum(std::span<float>, const char*)`, "
+      "`bool test(Request&)` and `wait(Request&)` (gradient buckets)");
+  static_assert(
+      requires(C & c) {
+        { c.duplicate() } -> std::same_as<C>;
+      },
+      "xtrain: this type is not a Communicator: it has no member `C duplicate()` (another handle on the same ranks)");
+  static_assert(Communicator<C>,
+                "xtrain: this type is not a Communicator: it needs `reduce_scatter_sum(std::span<float>, const "
+                "char*)` and `allgather_blocks(std::span<float>, const char*)` (the sharded optimizer step)");
+  return Communicator<C>;
+}
 
 using xtrain::Collectives;
 

@@ -9,12 +9,17 @@
 #include <utility>
 #include <vector>
 
+#include "xtrain/core/memory.hpp"
 #include "xtrain/core/param_arena.hpp"
 
 namespace xtrain::parallel {
 
 class TreeSum {
  public:
+  TreeSum() = default;
+  /// Buffers from `memory` (it must outlive this object); default: the current resource.
+  explicit TreeSum(memory::Resource& memory) : memory_(&memory) {}
+
   /// Adds a leaf; merges equal-level neighbours left + right (a binary counter).
   void push(std::span<const float> leaf) {
     Node node{0, take()};
@@ -51,13 +56,14 @@ class TreeSum {
     AlignedVector values;
   };
   AlignedVector take() {
-    if (free_.empty()) return {};
+    if (free_.empty()) return AlignedVector(memory::Allocator<float>(memory_));
     AlignedVector v = std::move(free_.back());
     free_.pop_back();
     return v;
   }
   std::vector<Node> stack_;
   std::vector<AlignedVector> free_;  // buffers reused across steps
+  memory::Resource* memory_ = nullptr;
 };
 
 }  // namespace xtrain::parallel

@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "xtrain/core/memory.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/convert.hpp"
 
@@ -20,6 +21,12 @@ class PrecisionCast {
  public:
   /// The type activations are stored in between modules.
   using act_t = typename Policy::storage_type;
+
+  /// Buffers from the calling thread's current resource at each allocation.
+  PrecisionCast() = default;
+  /// Buffers from `memory` (an engine's backend), whoever calls.
+  explicit PrecisionCast(memory::Resource& memory)
+      : x_lp_(memory), grad_lp_(memory), out_(memory), scaled_(memory::Allocator<float>(&memory)) {}
 
   /// x as the model's input: fp32 narrowed to act_t; other inputs (int32 ids) unchanged.
   template <class T>
@@ -65,7 +72,7 @@ class PrecisionCast {
   static constexpr bool narrowing = !std::is_same_v<act_t, float>;
   std::conditional_t<narrowing, Tensor<act_t>, Tensor<float>> x_lp_, grad_lp_;
   Tensor<float> out_;
-  std::vector<float> scaled_;
+  std::vector<float, memory::Allocator<float>> scaled_;
 };
 
 }  // namespace xtrain

@@ -46,6 +46,17 @@ concept Precision = requires {
   { P::name } -> std::convertible_to<const char*>;
 };
 
+/// Fails compilation with one message when `P` is not a Precision policy.
+template <class P>
+consteval bool check_precision() {
+  static_assert(Precision<P>,
+                "xtrain: the Precision policy is not a Precision (FullPrecision, MixedPrecision<bf16>, "
+                "MixedPrecision<fp16>): it needs `storage_type`, `compute_type`, `uses_loss_scaling` and `name` "
+                "(the order: Trainer<Model, Optimizer, Precision, Communicator, Backend, Loss>, "
+                "Accelerator<Precision, Communicator, Backend>)");
+  return Precision<P>;
+}
+
 /// Dynamic loss scaling for fp16 (Micikevicius et al., "Mixed Precision Training", ICLR 2018;
 /// PyTorch's GradScaler defaults): the loss gradient is multiplied by scale() so that small
 /// gradients survive fp16; after the reduction the gradients are multiplied by 1/scale and checked.

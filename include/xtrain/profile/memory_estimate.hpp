@@ -163,8 +163,8 @@ DryRun dry_run(const Model& model, const Optimizer& optimizer, std::size_t batch
   profiler.reserve(4096);
   {
     typename Optimizer::State probe;  // the optimizer state's size, measured on its own
-    Engine<Model, Optimizer, parallel::SingleProcess, Precision, Loss> engine(
-        Model(model), Optimizer(optimizer), parallel::SingleProcess{}, EngineOptions{}, Loss(loss));
+    Engine<Model, Optimizer, Precision, parallel::SingleProcess, backend::Cpu, Loss> engine(
+        Model(model), Optimizer(optimizer), parallel::SingleProcess{}, TrainingOptions{}, Loss(loss));
     const std::size_t n = engine.params().size();
     r.parameter_count = engine.params().parameter_count();
     r.parameters = r.gradients = static_cast<std::int64_t>(n * sizeof(float));
@@ -179,16 +179,20 @@ DryRun dry_run(const Model& model, const Optimizer& optimizer, std::size_t batch
     dims.insert(dims.end(), sample.begin(), sample.end());
     // The batch, the loss and everything else of the step in the backend's memory, as in a Trainer.
     const std::int64_t data0 = memory::counters().live;
-    Tensor<float> x = engine.in_backend_memory([&] { return Tensor<float>{Shape(dims)}; });
+    Tensor<float> x(engine.memory());
+    x.resize(Shape(dims));
     r.data = memory::counters().live - data0;
     const Tensor<float>& out = engine.forward(x, 0);
     const std::int64_t target0 = memory::counters().live;
-    auto y = engine.in_backend_memory([&] { return dry_run_targets<typename Loss::target_type>(out.shape()); });
+    auto y = [&] {
+      const memory::Use use(engine.memory());
+      return dry_run_targets<typename Loss::target_type>(out.shape());
+    }();
     r.data += memory::counters().live - target0;
-    engine.in_backend_memory([&] { engine.loss().forward(out, y, static_cast<double>(batch)); });
-    engine.backward(engine.loss().backward(), true);
+    engine.loss_forward(out, y, static_cast<double>(batch));
+    engine.backward(engine.loss_backward(), true);
     engine.step(true, batch);
-    r.held = engine.backend_memory().stats().live;  // arena, state, activations, batch, workspaces
+    r.held = engine.memory().stats().live;  // arena, state, activations, batch, workspaces
     // Per module: the tensor bytes its forward and its backward allocated (self, children apart).
     std::map<std::string, std::pair<std::int64_t, std::int64_t>> per_module;
     std::vector<std::string> order;
@@ -207,14 +211,15 @@ DryRun dry_run(const Model& model, const Optimizer& optimizer, std::size_t batch
     if (eval_batch > 0) {
       engine.set_profiler(nullptr);
       dims[0] = eval_batch;
-      const std::int64_t before = engine.backend_memory().stats().live;
-      Tensor<float> xe = engine.in_backend_memory([&] { return Tensor<float>{Shape(dims)}; });
-      const std::int64_t input = engine.backend_memory().stats().live - before;
+      const std::int64_t before = engine.memory().stats().live;
+      Tensor<float> xe(engine.memory());
+      xe.resize(Shape(dims));
+      const std::int64_t input = engine.memory().stats().live - before;
       Context ctx = engine.context(false);
       engine.predict(ctx, xe);
       // The forward buffers' growth past the training batch, plus the evaluation batch's input
       // (the Trainer evaluates inside fit(): the training loader still holds its batch).
-      r.evaluation = std::max<std::int64_t>(0, engine.backend_memory().stats().live - before - input) + input;
+      r.evaluation = std::max<std::int64_t>(0, engine.memory().stats().live - before - input) + input;
     }
   }
   return r;

@@ -66,20 +66,20 @@ void compare_gradients(const std::string& name, float* values, const float* anal
 /// Checks d/dx and every parameter's gradient of `layer` (any Module: a layer or a whole nested
 /// model) at `x` (any shape the module accepts). A tied parameter is checked once per name.
 template <Module L>
-GradcheckResult gradcheck(L& layer, Matrix x, const GradcheckOptions& options = {}) {
+GradcheckResult gradcheck(L& layer, Tensor<float> x, const GradcheckOptions& options = {}) {
   Context ctx;
   ctx.training = options.training;
   ctx.seed = options.seed;
   ctx.input_grad = true;
-  Matrix r;
+  Tensor<float> r;
   {
-    const Matrix& y = layer.forward(ctx, x);
+    const Tensor<float>& y = layer.forward(ctx, x);
     r.resize(y.shape());
     Generator gen(options.seed, streams::user);
     for (float& v : r) v = gen.uniform(-1.0f, 1.0f);
   }
   auto objective = [&]() {
-    const Matrix& y = layer.forward(ctx, x);
+    const Tensor<float>& y = layer.forward(ctx, x);
     double s = 0.0;
     for (std::size_t i = 0; i < y.size(); ++i) s += static_cast<double>(y.data()[i]) * r.data()[i];
     return s;
@@ -89,7 +89,7 @@ GradcheckResult gradcheck(L& layer, Matrix x, const GradcheckOptions& options = 
     for (float& g : p.grads()) g = 0.0f;
   });
   layer.forward(ctx, x);
-  const Matrix dx = layer.backward(ctx, r);
+  const Tensor<float> dx = layer.backward(ctx, r);
 
   GradcheckResult result;
   std::ostringstream report;
@@ -104,7 +104,7 @@ GradcheckResult gradcheck(L& layer, Matrix x, const GradcheckOptions& options = 
 
 /// Checks `analytic` = d f / d x for a scalar function f(x) (e.g. a loss of the logits x).
 template <class Function>
-GradcheckResult gradcheck_function(Function&& f, Matrix x, const Matrix& analytic,
+GradcheckResult gradcheck_function(Function&& f, Tensor<float> x, const Tensor<float>& analytic,
                                    const GradcheckOptions& options = {}) {
   XTRAIN_CHECK(analytic.shape() == x.shape(), ShapeError, "gradcheck_function: gradient of shape ",
                analytic.shape().str(), " for x of shape ", x.shape().str());

@@ -1,12 +1,15 @@
 #pragma once
 /// \file accelerator.hpp
 /// The Accelerate-style API for users who keep their own training loop (HuggingFace
-/// Accelerate's Accelerator). `prepare` makes the model and optimizer data-parallel and shards a
-/// data set; `backward` reduces gradients over ranks; `accumulate` decides when to communicate.
+/// Accelerate's Accelerator): Accelerator<Precision, Communicator, Backend>, the Trainer's policy
+/// order without the model, optimizer and loss, which `prepare` takes. `prepare` makes the model
+/// and optimizer data-parallel (an Engine) and shards a data set; `backward` reduces gradients
+/// over ranks; `accumulate` decides when to communicate. Options are the Trainer's
+/// (TrainingOptions): the ones marked "All" apply.
 ///
-///   xtrain::Accelerator acc{xtrain::parallel::MpiAllReduce{},
-///   xtrain::AcceleratorOptions{}.gradient_accumulation_steps(2)}; auto ddp = acc.prepare(std::move(model),
-///   xtrain::optim::Adam{}); auto loader = acc.prepare(train, 32);                 // 32 samples per process per step
+///   xtrain::Accelerator acc{xtrain::parallel::MpiAllReduce{}, xtrain::TrainingOptions{}.accumulate(2)};
+///   auto ddp = acc.prepare(std::move(model), xtrain::optim::Adam{});
+///   auto loader = acc.prepare(train, 32);                 // 32 samples per process per step
 ///   for (std::size_t epoch = 0; epoch < 10; ++epoch) {
 ///     loader.set_epoch(epoch);
 ///     for (std::size_t k = 0; k < loader.batches(); ++k) {
@@ -34,66 +37,24 @@
 #include "xtrain/parallel/single_process.hpp"
 #include "xtrain/precision/policy.hpp"
 #include "xtrain/train/engine.hpp"
+#include "xtrain/train/options.hpp"
+#include "xtrain/train/policies.hpp"
 #include "xtrain/train/preemption.hpp"
 
 namespace xtrain {
 
-class AcceleratorOptions {
- public:
-  /// Micro-batches per optimizer step (Accelerate's gradient_accumulation_steps). Default 1.
-  AcceleratorOptions& gradient_accumulation_steps(std::size_t k) {
-    XTRAIN_CHECK(k > 0, ValueError, "AcceleratorOptions: gradient_accumulation_steps must be at least 1");
-    engine_.accumulate = k;
-    return *this;
-  }
-  /// Gradient bucket size in bytes. Default 25 MiB.
-  AcceleratorOptions& bucket_bytes(std::size_t v) {
-    engine_.bucket_bytes = v;
-    return *this;
-  }
-  /// Parameter groups (learning-rate / weight-decay multipliers by rule), as TrainerOptions.
-  AcceleratorOptions& param_groups(std::vector<optim::ParamGroup> groups) {
-    engine_.param_groups = std::move(groups);
-    return *this;
-  }
-  /// Seed of the data order and dropout. Default 42.
-  AcceleratorOptions& seed(std::uint64_t v) {
-    engine_.seed = v;
-    return *this;
-  }
-  /// Learning-rate schedule over optimizer steps.
-  AcceleratorOptions& schedule(const optim::LrSchedule& s) {
-    engine_.schedule = s;
-    return *this;
-  }
-  /// Initial loss scale of MixedPrecision<fp16> and the clean steps before it doubles (Accelerate's
-  /// GradScaler kwargs). Default 65536, 2000.
-  AcceleratorOptions& loss_scale(float init, std::uint64_t growth_interval = 2000) {
-    XTRAIN_CHECK(init > 0.0f && growth_interval > 0, ValueError,
-                 "AcceleratorOptions: loss_scale needs a positive scale and growth interval");
-    engine_.loss_scale = init;
-    engine_.loss_scale_growth_interval = growth_interval;
-    return *this;
-  }
-  /// Threads per rank of a CpuThreads backend (0, default: its default; backend/cpu.hpp).
-  AcceleratorOptions& threads(std::size_t v) {
-    engine_.threads = v;
-    return *this;
-  }
-  const EngineOptions& engine() const noexcept { return engine_; }
-
- private:
-  EngineOptions engine_;
-};
-
-/// Communicator: SingleProcess, parallel::ThreadAllReduce, parallel::MpiAllReduce. PrecisionPolicy:
-/// FullPrecision, MixedPrecision<bf16>, MixedPrecision<fp16> (Accelerate's mixed_precision).
-/// Backend: backend::Cpu, backend::CpuThreads.
-template <parallel::Communicator Communicator = parallel::SingleProcess, Precision PrecisionPolicy = FullPrecision,
-          backend::Backend Backend = backend::Cpu>
+/// PrecisionPolicy: FullPrecision, MixedPrecision<bf16>, MixedPrecision<fp16> (Accelerate's
+/// mixed_precision). Communicator: SingleProcess, parallel::ThreadAllReduce, parallel::MpiAllReduce
+/// (deduced from the constructor's argument when no template argument is given: `Accelerator
+/// acc{MpiAllReduce{}}`; naming the precision, name it too: `Accelerator<MixedPrecision<bf16>,
+/// MpiAllReduce>`). Backend: backend::Cpu, backend::CpuThreads.
+template <class PrecisionPolicy = FullPrecision, class Communicator = parallel::SingleProcess,
+          class Backend = backend::Cpu>
 class Accelerator {
+  static_assert(check_policies<PrecisionPolicy, Communicator, Backend>());
+
  public:
-  explicit Accelerator(Communicator communicator = {}, AcceleratorOptions options = {})
+  explicit Accelerator(Communicator communicator = {}, TrainingOptions options = {})
       : comm_(std::move(communicator)), options_(std::move(options)) {}
 
   std::size_t process_index() const { return comm_.rank(); }
@@ -103,32 +64,41 @@ class Accelerator {
   /// The model and optimizer, data-parallel: parameters in one arena, rank 0's initial values on
   /// every rank (after a check that all ranks built the same model), gradient buckets.
   template <class Model, class Optimizer, class Loss = loss::CrossEntropyLoss>
-  requires Module<Model> && xtrain::Optimizer<Optimizer>
-      Engine<Model, Optimizer, Communicator, PrecisionPolicy, Loss, Backend> prepare(Model model, Optimizer optimizer,
+  requires Module<Model>  // (else the data set's prepare: an optimizer and a batch size look alike)
+      Engine<Model, Optimizer, PrecisionPolicy, Communicator, Backend, Loss> prepare(Model model, Optimizer optimizer,
                                                                                      Loss loss = {}) {
-    const EngineOptions& e = options_.engine();
-    check_agreement(comm_, {{"the optimizer", describe_or(optimizer, Optimizer::name)},
-                            {"the precision", PrecisionPolicy::name},
-                            {"the loss", describe_or(loss, "(loss)")},
-                            {"gradient_accumulation_steps", field_text(e.accumulate)},
-                            {"bucket_bytes", field_text(e.bucket_bytes)},
-                            {"the seed", field_text(e.seed)},
-                            {"the schedule", e.schedule.describe()},
-                            {"the parameter groups", group_names(e)}});
-    return Engine<Model, Optimizer, Communicator, PrecisionPolicy, Loss, Backend>(
-        std::move(model), std::move(optimizer), duplicate(), e, std::move(loss));
+    static_assert(check_policies<Model, Optimizer, PrecisionPolicy, Communicator, Backend, Loss>());
+    using parallel::describe_or, parallel::field_text;
+    const TrainingOptions& o = options_;
+    parallel::check_agreement(comm_, {{"the optimizer", describe_or(optimizer, Optimizer::name)},
+                                      {"the precision", PrecisionPolicy::name},
+                                      {"the loss", describe_or(loss, "(loss)")},
+                                      {"accumulate", field_text(o.accumulate())},
+                                      {"bucket_bytes", field_text(o.bucket_bytes())},
+                                      {"the seed", field_text(o.seed())},
+                                      {"the schedule", o.schedule().describe()},
+                                      {"the parameter groups", group_names(o)},
+                                      {"clip_grad_norm", field_text(o.clip_grad_norm())},
+                                      {"clip_grad_value", field_text(o.clip_grad_value())},
+                                      {"deterministic", field_text(o.deterministic())},
+                                      {"shard_optimizer", field_text(o.shard_optimizer())},
+                                      {"scale_lr", field_text(o.scale_lr())}});
+    return Engine<Model, Optimizer, PrecisionPolicy, Communicator, Backend, Loss>(
+        std::move(model), std::move(optimizer), duplicate(), o, std::move(loss));
   }
 
   /// A loader over the global permutation of `data`, this rank's shard of each global batch of
   /// batch_per_process x num_processes() samples.
-  template <data::Dataset D>
+  template <class D>
   data::Loader<D> prepare(const D& data, std::size_t batch_per_process, bool shuffle = true, bool drop_last = false) {
-    check_agreement(comm_, {{"the data set", data_fingerprint(data)},
-                            {"the batch per process", field_text(batch_per_process)},
-                            {"shuffle", field_text(shuffle)},
-                            {"drop_last", field_text(drop_last)}});
-    return data::Loader<D>(data, batch_per_process * comm_.size(), options_.engine().seed, shuffle, drop_last,
-                           comm_.rank(), comm_.size());
+    static_assert(data::check_dataset<D>());
+    using parallel::data_fingerprint, parallel::field_text;
+    parallel::check_agreement(comm_, {{"the data set", data_fingerprint(data)},
+                                      {"the batch per process", field_text(batch_per_process)},
+                                      {"shuffle", field_text(shuffle)},
+                                      {"drop_last", field_text(drop_last)}});
+    return data::Loader<D>(data, batch_per_process * comm_.size(), options_.seed(), shuffle, drop_last, comm_.rank(),
+                           comm_.size());
   }
 
   /// Whether this micro-step ends the accumulation window (then backward communicates and step
@@ -149,7 +119,7 @@ class Accelerator {
   /// The same for a loss of one term per sample: the global batch times the accumulation steps.
   template <class Batch>
   double loss_normalizer(const Batch& batch) const {
-    return static_cast<double>(batch.global_count) * static_cast<double>(options_.engine().accumulate);
+    return static_cast<double>(batch.global_count) * static_cast<double>(options_.accumulate());
   }
 
   /// Backward from d(loss)/d(logits); when `sync`, the gradients are summed over ranks on return.
@@ -203,7 +173,7 @@ class Accelerator {
   /// example). Collective: every rank calls it, rank 0 writes.
   template <class E>
   void save_state(E& engine, const std::string& dir) {
-    engine.save_state(dir, checkpoint::Progress{}, registered_);
+    engine.save_state(dir, checkpoint::Position{}, registered_);
   }
   /// Restores what save_state saved, on any number of ranks. Collective.
   template <class E>
@@ -241,14 +211,14 @@ class Accelerator {
 
  private:
   Communicator duplicate() const { return comm_.duplicate(); }
-  static std::string group_names(const EngineOptions& e) {
+  static std::string group_names(const TrainingOptions& o) {
     std::vector<optim::GroupScales> scales;
-    for (const auto& g : e.param_groups) scales.push_back(g.scales());
+    for (const auto& g : o.param_groups()) scales.push_back(g.scales());
     return optim::describe(scales);
   }
 
   Communicator comm_;
-  AcceleratorOptions options_;
+  TrainingOptions options_;
   std::vector<checkpoint::Registered> registered_;
   std::unique_ptr<StopSignals> stop_signals_;
 };

@@ -96,7 +96,7 @@ class CsvLogger {
 };
 
 /// Saves an automatic checkpoint (Trainer::save_checkpoint) every `steps` optimizer steps and/or
-/// every `epochs` epochs. Needs TrainerOptions::project_dir.
+/// every `epochs` epochs. Needs TrainingOptions::project_dir.
 class CheckpointEvery {
  public:
   CheckpointEvery& steps(std::size_t n) {

@@ -17,6 +17,19 @@ struct EvalResult {
   bool has_accuracy = true;  ///< false for losses without an accuracy (regression)
 };
 
+/// What a loss measured over some terms on this rank: the sum of the per-term losses, the correct
+/// predictions (classification) and the terms (samples, tokens, elements).
+struct LossMetrics {
+  double loss_sum = 0.0;
+  std::size_t correct = 0, terms = 0;
+  LossMetrics& operator+=(const LossMetrics& o) noexcept {
+    loss_sum += o.loss_sum;
+    correct += o.correct;
+    terms += o.terms;
+    return *this;
+  }
+};
+
 /// One optimizer step, as callbacks see it.
 struct StepResult {
   std::uint64_t step = 0;   ///< global steps taken so far, this one included (skipped ones too)

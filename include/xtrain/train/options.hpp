@@ -1,6 +1,10 @@
 #pragma once
 /// \file options.hpp
-/// Trainer options, set by name and chained: `TrainerOptions{}.batch_size(32).epochs(10).seed(42)`.
+/// TrainingOptions: the one options type of the Trainer, the Engine and the Accelerator, set by
+/// name and chained: `TrainingOptions{}.batch_size(32).epochs(10).seed(42)`. Each option says
+/// which of them reads it; the loop options (epochs, batch sizes, shuffling, checkpoint folders,
+/// signals, printing) are the Trainer's, whose loop it is; with the Accelerator your loop and
+/// `prepare(data, batch)` decide those.
 
 #include <cstddef>
 #include <cstdint>
@@ -15,138 +19,147 @@
 
 namespace xtrain {
 
-class TrainerOptions {
+class TrainingOptions {
  public:
-  /// Samples per optimizer step on each process (DDP/Accelerate convention). Default 32.
-  TrainerOptions& batch_size(std::size_t v) {
-    XTRAIN_CHECK(v > 0, ValueError, "TrainerOptions: batch_size must be positive");
+  /// Samples per optimizer step on each process (DDP/Accelerate convention). Default 32. Trainer.
+  TrainingOptions& batch_size(std::size_t v) {
+    XTRAIN_CHECK(v > 0, ValueError, "TrainingOptions: batch_size must be positive");
     batch_size_ = v;
     return *this;
   }
-  /// Passes over the training set. Default 10.
-  TrainerOptions& epochs(std::size_t v) {
+  /// Passes over the training set. Default 10. Trainer.
+  TrainingOptions& epochs(std::size_t v) {
     epochs_ = v;
     return *this;
   }
-  /// Seed of the data order and dropout masks. Default 42.
-  TrainerOptions& seed(std::uint64_t v) {
+  /// Seed of the data order and dropout masks. Default 42. All.
+  TrainingOptions& seed(std::uint64_t v) {
     seed_ = v;
     return *this;
   }
-  /// Shuffle the training set each epoch. Default true.
-  TrainerOptions& shuffle(bool v) {
+  /// Shuffle the training set each epoch. Default true. Trainer.
+  TrainingOptions& shuffle(bool v) {
     shuffle_ = v;
     return *this;
   }
-  /// Drop the last partial batch of each epoch. Default false.
-  TrainerOptions& drop_last(bool v) {
+  /// Drop the last partial batch of each epoch. Default false. Trainer.
+  TrainingOptions& drop_last(bool v) {
     drop_last_ = v;
     return *this;
   }
-  /// Batch size for evaluation (results do not depend on it). Default 1024.
-  TrainerOptions& eval_batch_size(std::size_t v) {
-    XTRAIN_CHECK(v > 0, ValueError, "TrainerOptions: eval_batch_size must be positive");
+  /// Batch size for evaluation (results do not depend on it). Default 1024. Trainer.
+  TrainingOptions& eval_batch_size(std::size_t v) {
+    XTRAIN_CHECK(v > 0, ValueError, "TrainingOptions: eval_batch_size must be positive");
     eval_batch_size_ = v;
     return *this;
   }
-  /// Learning-rate schedule over optimizer steps. Default constant.
-  TrainerOptions& schedule(const optim::LrSchedule& v) {
+  /// Learning-rate schedule over optimizer steps. Default constant. All.
+  TrainingOptions& schedule(const optim::LrSchedule& v) {
     schedule_ = v;
     return *this;
   }
   /// Samples per optimizer step over ALL processes; overrides batch_size: training is then the
   /// same on any number of ranks (each takes global / ranks). 0 (default): batch_size per process.
-  TrainerOptions& global_batch_size(std::size_t v) {
+  /// Trainer (and the Engine's deterministic reduction, whose chunks it counts).
+  TrainingOptions& global_batch_size(std::size_t v) {
     global_batch_size_ = v;
     return *this;
   }
-  /// Multiply the learning rate by the number of processes (the linear scaling rule). Default false.
-  TrainerOptions& scale_lr(bool v) {
+  /// Multiply the learning rate by the number of processes (the linear scaling rule). Default
+  /// false. All.
+  TrainingOptions& scale_lr(bool v) {
     scale_lr_ = v;
     return *this;
   }
-  /// Micro-batches per optimizer step; no communication on the first k-1. Default 1.
-  TrainerOptions& accumulate(std::size_t k) {
-    XTRAIN_CHECK(k > 0, ValueError, "TrainerOptions: accumulate must be at least 1");
+  /// Micro-batches per optimizer step; no communication on the first k-1 (Accelerate's
+  /// gradient_accumulation_steps). Default 1. All.
+  TrainingOptions& accumulate(std::size_t k) {
+    XTRAIN_CHECK(k > 0, ValueError, "TrainingOptions: accumulate must be at least 1");
     accumulate_ = k;
     return *this;
   }
-  /// Clip the global gradient norm (after the reduction) to this. 0 (default): off.
-  TrainerOptions& clip_grad_norm(double v) {
-    XTRAIN_CHECK(v >= 0.0, ValueError, "TrainerOptions: clip_grad_norm ", v, " must be >= 0");
+  /// Clip the global gradient norm (after the reduction) to this in every optimizer step. 0
+  /// (default): off. All (the Accelerator's clip_grad_norm() clips once more when you call it).
+  TrainingOptions& clip_grad_norm(double v) {
+    XTRAIN_CHECK(v >= 0.0, ValueError, "TrainingOptions: clip_grad_norm ", v, " must be >= 0");
     clip_norm_ = v;
     return *this;
   }
-  /// Clamp every gradient (after the reduction) to +-this. 0 (default): off.
-  TrainerOptions& clip_grad_value(float v) {
-    XTRAIN_CHECK(v >= 0.0f, ValueError, "TrainerOptions: clip_grad_value ", v, " must be >= 0");
+  /// Clamp every gradient (after the reduction) to +-this in every optimizer step. 0 (default):
+  /// off. All.
+  TrainingOptions& clip_grad_value(float v) {
+    XTRAIN_CHECK(v >= 0.0f, ValueError, "TrainingOptions: clip_grad_value ", v, " must be >= 0");
     clip_value_ = v;
     return *this;
   }
-  /// Threads per rank of a CpuThreads backend (Trainer's fifth parameter). 0 (default):
-  /// XTRAIN_NUM_THREADS, else OMP_NUM_THREADS, else the rank's share of the cores it may run on.
-  /// Results are bitwise the same for every count.
-  TrainerOptions& threads(std::size_t v) {
-    XTRAIN_CHECK(v <= 1024, ValueError, "TrainerOptions: threads ", v, " is more than 1024");
+  /// Threads per rank of a CpuThreads backend. 0 (default): XTRAIN_NUM_THREADS, else
+  /// OMP_NUM_THREADS, else the rank's share of the cores it may run on. Results are bitwise the
+  /// same for every count. All.
+  TrainingOptions& threads(std::size_t v) {
+    XTRAIN_CHECK(v <= 1024, ValueError, "TrainingOptions: threads ", v, " is more than 1024");
     threads_ = v;
     return *this;
   }
-  /// Gradient bucket size in bytes (DDP's bucket_cap_mb). Default 25 MiB.
-  TrainerOptions& bucket_bytes(std::size_t v) {
-    XTRAIN_CHECK(v > 0, ValueError, "TrainerOptions: bucket_bytes must be positive");
+  /// Gradient bucket size in bytes (DDP's bucket_cap_mb). Default 25 MiB. All.
+  TrainingOptions& bucket_bytes(std::size_t v) {
+    XTRAIN_CHECK(v > 0, ValueError, "TrainingOptions: bucket_bytes must be positive");
     bucket_bytes_ = v;
     return *this;
   }
   /// Rank-count-invariant reduction: gradients are summed per `chunk` samples of the global batch
   /// and combined in a fixed tree, so 1, 2 or 4 ranks give bitwise identical parameters. Requires
-  /// a power-of-two rank count and global batch / chunk. 0 (default): off.
-  TrainerOptions& deterministic(std::size_t chunk) {
+  /// a power-of-two rank count and global batch / chunk. 0 (default): off. Trainer and
+  /// Engine::micro_step (it computes chunk by chunk; the Accelerator's forward/backward cannot).
+  TrainingOptions& deterministic(std::size_t chunk) {
     deterministic_chunk_ = chunk;
     return *this;
   }
   /// Shard the optimizer step over the ranks (ZeRO stage 1): gradients are reduce-scattered, each
   /// rank updates 1/N of the parameters with 1/N of the optimizer state, parameters are
-  /// all-gathered. Same results; less optimizer work and memory per rank. Default false.
-  TrainerOptions& shard_optimizer(bool v) {
+  /// all-gathered. Same results; less optimizer work and memory per rank. Default false. All
+  /// (clip with clip_grad_norm here: before the step a rank holds unreduced gradients).
+  TrainingOptions& shard_optimizer(bool v) {
     shard_optimizer_ = v;
     return *this;
   }
   /// Folder of automatically named checkpoints: project_dir/checkpoints/checkpoint_N
-  /// (Accelerate's ProjectConfiguration). Default "" (save_checkpoint() then refuses).
-  TrainerOptions& project_dir(std::string dir) {
+  /// (Accelerate's ProjectConfiguration). Default "" (save_checkpoint() then refuses). Trainer.
+  TrainingOptions& project_dir(std::string dir) {
     project_dir_ = std::move(dir);
     return *this;
   }
   /// Keep at most this many automatic checkpoints, deleting the oldest. 0 (default): keep all.
-  TrainerOptions& total_limit(std::size_t n) {
+  /// Trainer.
+  TrainingOptions& total_limit(std::size_t n) {
     total_limit_ = n;
     return *this;
   }
   /// Initial loss scale of MixedPrecision<fp16> (ignored by other precisions); it then halves on
-  /// every overflow and doubles after `growth_interval` clean steps. Default 65536, 2000.
-  TrainerOptions& loss_scale(float init, std::uint64_t growth_interval = 2000) {
+  /// every overflow and doubles after `growth_interval` clean steps. Default 65536, 2000. All.
+  TrainingOptions& loss_scale(float init, std::uint64_t growth_interval = 2000) {
     XTRAIN_CHECK(init > 0.0f && growth_interval > 0, ValueError,
-                 "TrainerOptions: loss_scale needs a positive scale and growth interval");
+                 "TrainingOptions: loss_scale needs a positive scale and growth interval");
     loss_scale_ = init;
     loss_scale_growth_interval_ = growth_interval;
     return *this;
   }
   /// Parameter groups: learning-rate and weight-decay multipliers for the parameters each rule
   /// selects (first match; the rest are the default group), e.g.
-  /// `{optim::ParamGroup::no_weight_decay()}` for AdamW without decay on biases and norms.
-  TrainerOptions& param_groups(std::vector<optim::ParamGroup> groups) {
+  /// `{optim::ParamGroup::no_weight_decay()}` for AdamW without decay on biases and norms. All.
+  TrainingOptions& param_groups(std::vector<optim::ParamGroup> groups) {
     param_groups_ = std::move(groups);
     return *this;
   }
   /// Signals that make fit() stop at the next step boundary on every rank, save a checkpoint in
   /// project_dir and throw Interrupted (handled only while fit() runs). Default SIGTERM, SIGINT,
   /// SIGUSR1; an empty list keeps the process's own handling (a signal then kills the run).
-  TrainerOptions& stop_signals(std::vector<int> signals) {
+  /// Trainer (the Accelerator's handle_stop_signals() takes its own list).
+  TrainingOptions& stop_signals(std::vector<int> signals) {
     stop_signals_ = std::move(signals);
     return *this;
   }
-  /// Print one line per epoch (and a progress bar on a terminal). Default true.
-  TrainerOptions& verbose(bool v) {
+  /// Print one line per epoch (and a progress bar on a terminal). Default true. Trainer.
+  TrainingOptions& verbose(bool v) {
     verbose_ = v;
     return *this;
   }

@@ -1,5 +1,5 @@
 #pragma once
-/// \file progress.hpp
+/// \file progress_bar.hpp
 /// Progress within an epoch: a bar with samples/s and ETA that redraws in place on a terminal,
 /// nothing on a pipe or file (where only the per-epoch lines are printed). Under a launcher
 /// (mpirun, srun) stdout is the launcher's pty, not the user's terminal, so the bar is off there

@@ -1,9 +1,10 @@
 #pragma once
 /// \file trainer.hpp
 /// Trainer<Model, Optimizer, Precision, Communicator, Backend, Loss>: the training loop, on one
-/// process or data-parallel over ranks. The loss is a policy (CrossEntropyLoss by default; MSELoss
-/// for regression, or any type modelling loss::Loss); the data sets' target type is the loss's.
-/// Policies are template parameters; sizes, options and callbacks are run-time values.
+/// process or data-parallel over ranks (the policy order of train/policies.hpp). The loss is a
+/// policy (CrossEntropyLoss by default; MSELoss for regression, or any type modelling
+/// loss::Loss); the data sets' target type is the loss's. Policies are template parameters;
+/// sizes, options and callbacks are run-time values.
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +19,7 @@
 
 #include "xtrain/backend/cpu.hpp"
 #include "xtrain/checkpoint/archive.hpp"
+#include "xtrain/checkpoint/collective.hpp"
 #include "xtrain/checkpoint/safetensors.hpp"
 #include "xtrain/checkpoint/state.hpp"
 #include "xtrain/core/concepts.hpp"
@@ -33,6 +35,7 @@
 #include "xtrain/train/engine.hpp"
 #include "xtrain/train/metrics.hpp"
 #include "xtrain/train/options.hpp"
+#include "xtrain/train/policies.hpp"
 #include "xtrain/train/preemption.hpp"
 #include "xtrain/train/progress_bar.hpp"
 
@@ -42,16 +45,7 @@ template <class Model, class Optimizer, class PrecisionPolicy = FullPrecision,
           class Communicator = parallel::SingleProcess, class Backend = backend::Cpu,
           class Loss = loss::CrossEntropyLoss>
 class Trainer {
-  static_assert(check_module<Model>());
-  static_assert(loss::check_loss<Loss>());
-  static_assert(check_optimizer<Optimizer>());
-  static_assert(Precision<PrecisionPolicy>,
-                "xtrain: the third Trainer parameter is not a Precision policy (FullPrecision, ...)");
-  static_assert(backend::Backend<Backend>,
-                "xtrain: the fifth Trainer parameter is not a Backend (backend::Cpu, backend::CpuThreads)");
-  static_assert(parallel::Communicator<Communicator>,
-                "xtrain: the fourth Trainer parameter is not a Communicator (SingleProcess, "
-                "parallel::ThreadAllReduce, parallel::MpiAllReduce)");
+  static_assert(check_policies<Model, Optimizer, PrecisionPolicy, Communicator, Backend, Loss>());
 
  public:
   using model_type = Model;
@@ -61,28 +55,29 @@ class Trainer {
 
   /// Takes the model and moves its parameters into one flat arena. On several ranks this is a
   /// collective: every rank must construct its Trainer; rank 0's initial parameters win.
-  Trainer(Model model, Optimizer optimizer, TrainerOptions options = {}, Communicator communicator = {}, Loss loss = {})
+  Trainer(Model model, Optimizer optimizer, TrainingOptions options = {}, Communicator communicator = {},
+          Loss loss = {})
       : options_(std::move(options)),
         world_(communicator.size()),
-        engine_(std::move(model), std::move(optimizer), std::move(communicator), engine_options(options_, world_),
-                std::move(loss)) {}
+        engine_(std::move(model), std::move(optimizer), std::move(communicator), options_, std::move(loss)) {}
 
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
   /// Samples per optimizer micro-step over all ranks.
-  std::size_t global_batch_size() const noexcept { return global_batch(options_, world_); }
+  std::size_t global_batch_size() const noexcept { return engine_.global_batch(); }
 
   /// Trains for options().epochs() epochs, evaluating on `test` after each; returns the metrics.
   /// A stop signal (options().stop_signals(): SIGTERM, SIGINT, SIGUSR1) on any rank ends it at the
   /// next step boundary on every rank: a checkpoint is saved in project_dir and Interrupted thrown.
-  template <data::Dataset Train, data::Dataset Test, class... Callbacks>
+  template <class Train, class Test, class... Callbacks>
   History fit(const Train& train, const Test& test, Callbacks&&... callbacks) {
+    static_assert(data::check_dataset<Train>() && data::check_dataset<Test>());
     static_assert(std::is_same_v<typename Train::target_type, target_type>,
                   "xtrain: the training set's target_type is not the loss's target_type (CrossEntropyLoss takes "
                   "Tensor<std::int32_t> class ids, MSELoss Tensor<float>)");
     stop_requested_ = false;
-    check_agreement(communicator(), run_fields(train, test));
+    if (world_ > 1) parallel::check_agreement(communicator(), run_fields(train, test));
     StopSignals signals(options_.stop_signals());
     data::Loader<Train> loader(train, global_batch_size(), options_.seed(), options_.shuffle(), options_.drop_last(),
                                rank(), world_, options_.deterministic());
@@ -104,9 +99,9 @@ class Trainer {
       XTRAIN_CHECK(batch_in_epoch_ <= batches, ValueError, "resumed at batch ", batch_in_epoch_, " of an epoch of ",
                    batches, " (another data set than the checkpoint's?)");
       for (std::size_t k = batch_in_epoch_; k < batches; ++k) {  // a resumed epoch skips in O(1)
-        auto step_scope = record(step_label_, profile::Category::step);
+        auto step_scope = events_.scope(step_event, profile::Category::step);
         const auto batch = [&] {
-          const auto scope = record(data_label_, profile::Category::data);
+          const auto scope = events_.scope(data_event, profile::Category::data);
           return loader.batch(k);
         }();
         const std::uint64_t before = engine_.step();
@@ -120,7 +115,7 @@ class Trainer {
         if (engine_.step() != before) {
           (callbacks::on_step_end(callbacks, *this, r), ...);
           const int sig = [&] {
-            const auto scope = record(signals_label_, profile::Category::reduction);
+            const auto scope = events_.scope(signals_event, profile::Category::reduction);
             return signals.poll(communicator());
           }();
           if (sig) {
@@ -132,9 +127,9 @@ class Trainer {
           const double s = seconds_since(start);
           bar.update(label, k + 1, batches, static_cast<double>((k + 1) * global_batch_size()) / s, s);
         }
-        if (engine_.step() != before && profiler_) {
+        if (engine_.step() != before && profiler()) {
           { [[maybe_unused]] const auto ended = std::move(step_scope); }
-          profiler_->step();
+          profiler()->step();
         }
       }
       EpochMetrics m;
@@ -163,12 +158,12 @@ class Trainer {
 
   /// Loss (and accuracy, for classification) over every sample of `data` (eval mode; each sample
   /// counted exactly once over all ranks; rank 0's BatchNorm statistics are used on every rank).
-  template <data::Dataset D>
+  template <class D>
   EvalResult evaluate(const D& data) {
+    static_assert(data::check_dataset<D>());
     static_assert(std::is_same_v<typename D::target_type, target_type>,
                   "xtrain: the data set's target_type is not the loss's target_type");
-    const auto scope = record(evaluation_label_, profile::Category::evaluation);
-    const memory::Use use(engine_.backend_memory());  // the loss's buffers too
+    const auto scope = events_.scope(evaluation_event, profile::Category::evaluation);
     engine_.broadcast_buffers();
     data::Loader<D> loader(data, options_.eval_batch_size() * world_, 0, false, false, rank(), world_);
     loader.set_executor(engine_.backend().executor());
@@ -178,11 +173,11 @@ class Trainer {
     double sums[4] = {0.0, 0.0, 0.0, 0.0};
     for (std::size_t k = 0; k < loader.batches(); ++k) {
       const auto batch = [&] {
-        const auto data_scope = record(data_label_, profile::Category::data);
+        const auto data_scope = events_.scope(data_event, profile::Category::data);
         return loader.batch(k);
       }();
       if (batch.size() == 0) continue;
-      loss.forward(engine_.predict(ctx, batch.x), batch.y, 1.0);
+      engine_.loss_forward(engine_.predict(ctx, batch.x), batch.y, 1.0);
       sums[0] += loss.sum();
       if constexpr (loss::HasAccuracy<Loss>) sums[1] += static_cast<double>(loss.correct());
       sums[2] += static_cast<double>(loss.count(batch.y));
@@ -203,7 +198,6 @@ class Trainer {
   /// The same with one class id per sample (CrossEntropyLoss).
   StepResult train_step(const Tensor<float>& x, std::span<const std::int32_t> labels, std::size_t global_offset,
                         std::size_t global_count) requires std::is_same_v<target_type, Tensor<std::int32_t>> {
-    const memory::Use use(engine_.backend_memory());
     labels_.resize({labels.size()});
     std::copy(labels.begin(), labels.end(), labels_.data());
     return profiled_step([&] { return engine_.micro_step(x, labels_, global_offset, global_count); });
@@ -230,7 +224,7 @@ class Trainer {
   /// Saves the whole training state to `dir`/state.xtrain (atomically). Collective: every rank
   /// calls it; rank 0 writes. Rank 0's BatchNorm statistics are saved (broadcast first).
   void save_state(const std::string& dir) {
-    checkpoint::Progress p;
+    checkpoint::Position p;
     p.epoch = epoch_;
     p.samples_in_epoch = batch_in_epoch_ * global_batch_size();
     p.global_batch = global_batch_size();
@@ -242,12 +236,12 @@ class Trainer {
   /// Restores the training state saved in `dir` (by save_state or save_checkpoint), on any number
   /// of ranks: fit() then continues where it stopped, mid-epoch included. Collective.
   void load_state(const std::string& dir) {
-    const checkpoint::Progress p = engine_.load_state(dir, registered_);
+    const checkpoint::Position p = engine_.load_state(dir, registered_);
     XTRAIN_CHECK(p.samples_in_epoch % global_batch_size() == 0, checkpoint::CheckpointError, dir, "/",
                  checkpoint::state_file_name, ": saved after ", p.samples_in_epoch,
                  " samples of an epoch, not a multiple of this run's global batch ", global_batch_size(),
                  " (resume with a global batch that divides it)");
-    options_.seed(p.data_seed).schedule(engine_.options().schedule);
+    options_.seed(p.data_seed).schedule(engine_.options().schedule());
     epoch_ = p.epoch;
     batch_in_epoch_ = p.samples_in_epoch / global_batch_size();
     std::fill(epoch_sums_, epoch_sums_ + 4, 0.0);
@@ -259,66 +253,16 @@ class Trainer {
   /// then deletes the oldest beyond total_limit. Returns the folder. Collective.
   std::string save_checkpoint() {
     XTRAIN_CHECK(!options_.project_dir().empty(), ValueError,
-                 "save_checkpoint: set TrainerOptions::project_dir (or call save_state(dir))");
-    const auto scope = record(checkpoint_label_, profile::Category::checkpoint);
-    const std::filesystem::path root = std::filesystem::path(options_.project_dir()) / "checkpoints";
-    std::vector<std::size_t> existing = checkpoint_numbers(root);
-    const std::size_t n = existing.empty() ? 0 : existing.back() + 1;
-    const std::filesystem::path final_dir = root / ("checkpoint_" + std::to_string(n));
-    const std::filesystem::path tmp_dir = root / ("checkpoint_" + std::to_string(n) + ".tmp");
-    std::string error;
-    if (is_main_process()) try {
-        std::filesystem::create_directories(root);
-        for (const auto& entry : std::filesystem::directory_iterator(root))  // leftovers of a crashed save
-          if (entry.path().extension() == ".tmp") std::filesystem::remove_all(entry.path());
-        XTRAIN_CHECK(!std::filesystem::exists(final_dir), checkpoint::CheckpointError, final_dir.string(),
-                     " already exists; refusing to overwrite it");
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-    communicator().broadcast(error, "checkpoint folder status");
-    if (!error.empty()) throw checkpoint::CheckpointError(error);
-    try {
-      save_state(tmp_dir.string());
-    } catch (const checkpoint::CheckpointError&) {
-      if (is_main_process()) {  // give the space back (a full disk); the previous checkpoints stay
-        std::error_code ignored;
-        std::filesystem::remove_all(tmp_dir, ignored);
-      }
-      throw;
-    }
-    if (is_main_process()) try {
-        try {
-          std::filesystem::rename(tmp_dir, final_dir);
-        } catch (const std::exception&) {
-          std::error_code ignored;
-          std::filesystem::remove_all(tmp_dir, ignored);
-          throw;
-        }
-        checkpoint::detail::fsync_path(root.string(), O_RDONLY | O_DIRECTORY);
-        existing.push_back(n);
-        while (options_.total_limit() > 0 && existing.size() > options_.total_limit()) {
-          std::filesystem::remove_all(root / ("checkpoint_" + std::to_string(existing.front())));
-          existing.erase(existing.begin());
-        }
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-    communicator().broadcast(error, "checkpoint rename status");
-    if (!error.empty()) throw checkpoint::CheckpointError(error);
-    return final_dir.string();
+                 "save_checkpoint: set TrainingOptions::project_dir (or call save_state(dir))");
+    const auto scope = events_.scope(checkpoint_event, profile::Category::checkpoint);
+    return checkpoint::save_numbered(communicator(), checkpoints_root(), options_.total_limit(),
+                                     [&](const std::string& dir) { save_state(dir); });
   }
 
   /// Loads "latest" (the newest complete checkpoint under project_dir/checkpoints) or a folder.
   /// Returns the folder loaded. Collective.
   std::string resume(const std::string& which) {
-    std::string dir = which;
-    if (which == "latest") {
-      const std::filesystem::path root = std::filesystem::path(options_.project_dir()) / "checkpoints";
-      const auto existing = checkpoint_numbers(root);
-      XTRAIN_CHECK(!existing.empty(), checkpoint::CheckpointError, "resume latest: no checkpoint in ", root.string());
-      dir = (root / ("checkpoint_" + std::to_string(existing.back()))).string();
-    }
+    std::string dir = which == "latest" ? checkpoint::latest_checkpoint(checkpoints_root()) : which;
     load_state(dir);
     return dir;
   }
@@ -338,28 +282,16 @@ class Trainer {
   std::vector<std::string> save_model(const std::string& path, std::uint64_t max_shard_bytes = 0) {
     engine_.broadcast_buffers();
     std::vector<std::string> files;
-    std::string error;
-    if (is_main_process()) try {
-        files = checkpoint::save_model(model(), params(), path, max_shard_bytes);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-    communicator().broadcast(error, "save_model status");
-    if (!error.empty()) throw CheckpointError(error);
+    checkpoint::on_main_rank(communicator(), "save_model status",
+                             [&] { files = checkpoint::save_model(model(), params(), path, max_shard_bytes); });
     return files;
   }
 
   /// Loads parameters and buffers from a safetensors file (or shards' .index.json), ours or
   /// PyTorch's, on rank 0, and broadcasts them. Collective.
   void load_model(const std::string& path) {
-    std::string error;
-    if (is_main_process()) try {
-        checkpoint::load_model(model(), params(), path);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-    communicator().broadcast(error, "load_model status");
-    if (!error.empty()) throw CheckpointError(error);
+    checkpoint::on_main_rank(communicator(), "load_model status",
+                             [&] { checkpoint::load_model(model(), params(), path); });
     communicator().broadcast(params().values(), "load_model parameters");
     engine_.broadcast_buffers();
   }
@@ -370,16 +302,10 @@ class Trainer {
   /// optimizer step (the schedule counts them). Collective: the ranks start the profiler's clock together, so their
   /// traces share one timeline. `p` must outlive its use; one profiler per Trainer.
   void set_profiler(profile::Profiler* p) {
-    profiler_ = p;
     engine_.set_profiler(p);
-    if (!p) return;
-    step_label_ = p->label("", "step");
-    data_label_ = p->label("", "data");
-    evaluation_label_ = p->label("", "evaluation");
-    checkpoint_label_ = p->label("", "checkpoint save");
-    signals_label_ = p->label("", "stop-signal poll");
+    events_.attach(p);
   }
-  profile::Profiler* profiler() const noexcept { return profiler_; }
+  profile::Profiler* profiler() const noexcept { return engine_.profiler(); }
 
   /// Ends fit() after the current epoch (for callbacks).
   void request_stop() noexcept { stop_requested_ = true; }
@@ -388,7 +314,7 @@ class Trainer {
   const Optimizer& optimizer() const noexcept { return engine_.optimizer(); }
   typename Optimizer::State& optimizer_state() noexcept { return engine_.optimizer_state(); }
   ParamArena& params() noexcept { return engine_.params(); }
-  const TrainerOptions& options() const noexcept { return options_; }
+  const TrainingOptions& options() const noexcept { return options_; }
   Communicator& communicator() noexcept { return engine_.communicator(); }
   /// The device backend (its threads: backend().threads(); backend::describe(backend()) for a log line).
   Backend& backend() noexcept { return engine_.backend(); }
@@ -410,10 +336,10 @@ class Trainer {
   /// Completed epochs.
   std::uint64_t epoch() const noexcept { return epoch_; }
   /// Time spent on gradient reductions since the start of the epoch (or the last reset).
-  const parallel::CommStats& comm_stats() const noexcept { return engine_.comm_stats(); }
-  void reset_comm_stats() noexcept { engine_.reset_comm_stats(); }
+  const parallel::CommStats& comm_stats() const { return engine_.comm_stats(); }
+  void reset_comm_stats() { engine_.reset_comm_stats(); }
   /// Gradient buckets (1 for a model smaller than the bucket size).
-  std::size_t bucket_count() const noexcept { return engine_.bucket_count(); }
+  std::size_t bucket_count() const { return engine_.bucket_count(); }
 
  private:
   using clock = std::chrono::steady_clock;
@@ -425,41 +351,15 @@ class Trainer {
     const std::uint64_t before = engine_.step();
     StepResult r;
     {
-      const auto scope = record(step_label_, profile::Category::step);
+      const auto scope = events_.scope(step_event, profile::Category::step);
       r = micro_step();
     }
-    if (profiler_ && engine_.step() != before) profiler_->step();
+    if (profiler() && engine_.step() != before) profiler()->step();
     return r;
   }
 
-  // An event of the attached profiler (nothing without one).
-  profile::Profiler::Scope record(std::uint32_t label, profile::Category category) {
-    return profiler_ ? profiler_->scope(label, category) : profile::Profiler::Scope{};
-  }
-
-  static std::size_t global_batch(const TrainerOptions& o, std::size_t world) {
-    return o.global_batch_size() ? o.global_batch_size() : o.batch_size() * world;
-  }
-
-  static EngineOptions engine_options(const TrainerOptions& o, std::size_t world) {
-    EngineOptions e;
-    e.bucket_bytes = o.bucket_bytes();
-    e.accumulate = o.accumulate();
-    e.deterministic_chunk = o.deterministic();
-    e.shard_optimizer = o.shard_optimizer();
-    e.global_batch = global_batch(o, world);
-    e.clip_norm = o.clip_grad_norm();
-    e.clip_value = o.clip_grad_value();
-    e.seed = o.seed();
-    e.lr_factor = o.scale_lr() ? static_cast<float>(world) : 1.0f;
-    e.schedule = o.schedule();
-    e.loss_scale = o.loss_scale();
-    e.loss_scale_growth_interval = o.loss_scale_growth_interval();
-    e.param_groups = o.param_groups();
-    e.threads = o.threads();
-    XTRAIN_CHECK(e.global_batch >= world, ValueError, "global batch ", e.global_batch, " is smaller than the ", world,
-                 " ranks: every rank needs at least one sample per step");
-    return e;
+  std::filesystem::path checkpoints_root() const {
+    return std::filesystem::path(options_.project_dir()) / "checkpoints";
   }
 
   // Every rank agreed to stop on `sig` at this step boundary: save if there is a project
@@ -471,14 +371,14 @@ class Trainer {
     std::string dir, message;
     if (options_.project_dir().empty()) {
       message = where +
-                ": nothing saved (no project directory: set TrainerOptions::project_dir, --project-dir in the "
+                ": nothing saved (no project directory: set TrainingOptions::project_dir, --project-dir in the "
                 "examples, to save a checkpoint on a signal)";
     } else {
       try {
         dir = save_checkpoint();
         message = where + ": checkpoint saved to " + dir + ", resume with --resume latest";
       } catch (const checkpoint::CheckpointError& e) {
-        const auto existing = checkpoint_numbers(std::filesystem::path(options_.project_dir()) / "checkpoints");
+        const auto existing = checkpoint::numbered_checkpoints(checkpoints_root());
         message = where + ": saving a checkpoint failed: " + e.what() + "; the latest complete checkpoint is " +
                   (existing.empty() ? std::string("none")
                                     : "still checkpoint_" + std::to_string(existing.back()) + " (--resume latest)");
@@ -494,10 +394,11 @@ class Trainer {
 
   // What every rank must share before the first step (check_agreement).
   template <class Train, class Test>
-  std::vector<RunField> run_fields(const Train& train, const Test& test) {
-    const TrainerOptions& o = options_;
-    return {{"the training set", data_fingerprint(train)},
-            {"the test set", data_fingerprint(test)},
+  std::vector<parallel::RunField> run_fields(const Train& train, const Test& test) {
+    using parallel::data_fingerprint, parallel::describe_or, parallel::field_text;
+    const TrainingOptions& o = options_;
+    return {{"the training set", data_fingerprint(train, &engine_.memory())},
+            {"the test set", data_fingerprint(test, &engine_.memory())},
             {"epochs", field_text(o.epochs())},
             {"the global batch size", field_text(global_batch_size())},
             {"the seed", field_text(o.seed())},
@@ -543,34 +444,19 @@ class Trainer {
     std::fflush(stdout);
   }
 
-  /// The complete checkpoints (checkpoint_N folders, not .tmp) under `root`, by N.
-  static std::vector<std::size_t> checkpoint_numbers(const std::filesystem::path& root) {
-    std::vector<std::size_t> n;
-    if (!std::filesystem::exists(root)) return n;
-    for (const auto& entry : std::filesystem::directory_iterator(root)) {
-      const std::string name = entry.path().filename().string();
-      if (name.rfind("checkpoint_", 0) != 0 || name.find_first_not_of("0123456789", 11) != std::string::npos ||
-          name.size() == 11 || !std::filesystem::exists(entry.path() / state_file))
-        continue;
-      n.push_back(std::stoul(name.substr(11)));
-    }
-    std::sort(n.begin(), n.end());
-    return n;
-  }
+  // The trainer's events; the engine records the rest.
+  enum Event : std::size_t { step_event, data_event, evaluation_event, checkpoint_event, signals_event };
 
-  static constexpr const char* state_file = checkpoint::state_file_name;
-
-  TrainerOptions options_;
+  TrainingOptions options_;
   std::size_t world_;
-  Engine<Model, Optimizer, Communicator, PrecisionPolicy, Loss, Backend> engine_;
+  Engine<Model, Optimizer, PrecisionPolicy, Communicator, Backend, Loss> engine_;
   std::uint64_t epoch_ = 0;
-  std::size_t batch_in_epoch_ = 0;       // next batch of the current epoch
-  double epoch_sums_[4] = {0, 0, 0, 0};  // this rank's running loss sum, correct, terms, samples
-  Tensor<std::int32_t> labels_;          // train_step's labels given as a span
+  std::size_t batch_in_epoch_ = 0;                 // next batch of the current epoch
+  double epoch_sums_[4] = {0, 0, 0, 0};            // this rank's running loss sum, correct, terms, samples
+  Tensor<std::int32_t> labels_{engine_.memory()};  // train_step's labels given as a span
   std::vector<checkpoint::Registered> registered_;
   bool stop_requested_ = false;
-  profile::Profiler* profiler_ = nullptr;
-  std::uint32_t step_label_ = 0, data_label_ = 0, evaluation_label_ = 0, checkpoint_label_ = 0, signals_label_ = 0;
+  profile::EventLabels<5> events_{{"step", "data", "evaluation", "checkpoint save", "stop-signal poll"}};
 };
 
 }  // namespace xtrain

@@ -74,7 +74,7 @@ std::vector<float> train_with(std::size_t threads, Model model, std::size_t batc
   test.with_sample_shape(sample);
   Trainer<Model, optim::Adam, Precision, parallel::SingleProcess, backend::CpuThreads> trainer{
       std::move(model), optim::Adam{}.lr(1e-3f),
-      TrainerOptions{}.batch_size(batch).epochs(epochs).threads(threads).verbose(false)};
+      TrainingOptions{}.batch_size(batch).epochs(epochs).threads(threads).verbose(false)};
   REQUIRE(trainer.backend().threads() == threads);
   trainer.fit(train, test);
   std::vector<float> values(trainer.params().values().begin(), trainer.params().values().end());
@@ -278,9 +278,10 @@ TEST_CASE("GEMMs give bitwise the same result on 1, 2 and 3 threads", "[backend]
     for (int t = 0; t < 4; ++t) {
       const Trans ta = t & 1 ? Trans::yes : Trans::no, tb = t & 2 ? Trans::yes : Trans::no;
       const std::size_t lda = ta == Trans::no ? s.k : s.m, ldb = tb == Trans::no ? s.n : s.k;
-      const Matrix a = random_matrix(s.m, s.k, 1), b = random_matrix(s.k, s.n, 2), c0 = random_matrix(s.m, s.n, 3);
+      const Tensor<float> a = random_matrix(s.m, s.k, 1), b = random_matrix(s.k, s.n, 2),
+                          c0 = random_matrix(s.m, s.n, 3);
       const float beta = t == 1 ? 0.0f : 1.0f;
-      const Matrix bias = random_matrix(1, s.n, 4);  // the bias epilogue follows each part's columns
+      const Tensor<float> bias = random_matrix(1, s.n, 4);  // the bias epilogue follows each part's columns
       const float* bias_or_none = t != 0 ? bias.data() : nullptr;
       std::vector<std::vector<float>> out;
       for (backend::Executor* e : {static_cast<backend::Executor*>(nullptr), static_cast<backend::Executor*>(&two),
@@ -357,7 +358,7 @@ TEST_CASE("Training is bitwise the same on 1, 2 and 3 threads", "[backend][train
       set_seed(11);
       Trainer<layers::GPT, optim::AdamW, MixedPrecision<bf16>, parallel::SingleProcess, backend::CpuThreads> trainer{
           layers::GPT({.vocab = 20, .block = 32, .layers = 2, .heads = 2, .embd = 64}), optim::AdamW{},
-          TrainerOptions{}.threads(threads).verbose(false)};
+          TrainingOptions{}.threads(threads).verbose(false)};
       Tensor<std::int32_t> ids({6, 32}), targets({6, 32});
       for (std::size_t i = 0; i < ids.size(); ++i) {
         ids.data()[i] = static_cast<std::int32_t>((i * 7) % 20);
@@ -440,7 +441,7 @@ TEST_CASE("Steady-state steps on several threads allocate no tensors on any thre
     set_seed(3);
     Trainer<layers::GPT, optim::AdamW, FullPrecision, parallel::SingleProcess, backend::CpuThreads> trainer{
         layers::GPT({.vocab = 20, .block = 64, .layers = 2, .heads = 4, .embd = 128}), optim::AdamW{},
-        TrainerOptions{}.threads(3).verbose(false)};
+        TrainingOptions{}.threads(3).verbose(false)};
     Tensor<std::int32_t> ids({8, 64}), targets({8, 64});
     for (std::size_t i = 0; i < ids.size(); ++i) {
       ids.data()[i] = static_cast<std::int32_t>(i % 20);
@@ -453,8 +454,8 @@ TEST_CASE("Steady-state steps on several threads allocate no tensors on any thre
     using Model = layers::Sequential<layers::Linear, layers::BatchNorm1d, layers::ReLU, layers::Linear>;
     Trainer<Model, optim::Adam, MixedPrecision<bf16>, parallel::SingleProcess, backend::CpuThreads> trainer{
         Model{layers::Linear{784, 1024}, layers::BatchNorm1d{1024}, layers::ReLU{}, layers::Linear{1024, 10}},
-        optim::Adam{}, TrainerOptions{}.threads(3).verbose(false)};
-    const Matrix x = random_matrix(256, 784, 5);
+        optim::Adam{}, TrainingOptions{}.threads(3).verbose(false)};
+    const Tensor<float> x = random_matrix(256, 784, 5);
     Tensor<std::int32_t> y({256});
     for (std::size_t i = 0; i < y.size(); ++i) y.data()[i] = static_cast<std::int32_t>(i % 10);
     check(trainer, x, y);

@@ -1,6 +1,6 @@
-// The profiler (include/xtrain/core/profiler.hpp, report.hpp): module names and nesting of the recorded events, the
-// schedule, the table, Chrome traces (parsed back), several ranks (buckets on the communication
-// track, the all-rank table, the merged trace), bytes allocated.
+// profile/report.hpp and the profiler on a training (core/profiler.hpp): module names and nesting of the recorded
+// events, the schedule, the table, Chrome traces (parsed back), several ranks (buckets on the communication track, the
+// all-rank table, the merged trace), bytes allocated.
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -55,7 +55,7 @@ std::string read(const std::string& path) {
 }  // namespace
 
 TEST_CASE("Profiler: every module's forward and backward, named as in state_dict, nested in the step", "[profile]") {
-  Trainer trainer{nested_model(), optim::Adam{}, TrainerOptions{}.batch_size(16).epochs(1).verbose(false)};
+  Trainer trainer{nested_model(), optim::Adam{}, TrainingOptions{}.batch_size(16).epochs(1).verbose(false)};
   profile::Profiler prof({.record_shapes = true});
   trainer.set_profiler(&prof);
   trainer.fit(random_set(64, 1), random_set(16, 2));  // 4 steps, then an evaluation
@@ -108,7 +108,7 @@ TEST_CASE("Profiler: every module's forward and backward, named as in state_dict
 }
 
 TEST_CASE("Profiler: the schedule skips, warms up (dropped) and keeps active steps, repeat times", "[profile]") {
-  Trainer trainer{nested_model(), optim::SGD{}, TrainerOptions{}.batch_size(8).epochs(1).verbose(false)};
+  Trainer trainer{nested_model(), optim::SGD{}, TrainingOptions{}.batch_size(8).epochs(1).verbose(false)};
   profile::Profiler prof({.schedule = {.wait = 1, .warmup = 1, .active = 2, .repeat = 2, .skip_first = 1}});
   trainer.set_profiler(&prof);
   trainer.fit(random_set(96, 1), random_set(8, 2));  // 12 steps: 0 skipped, then cycles 1-4, 5-8
@@ -120,7 +120,7 @@ TEST_CASE("Profiler: the schedule skips, warms up (dropped) and keeps active ste
   REQUIRE(prof.step_count() == 12);
 
   // Attached but outside the schedule: nothing recorded.
-  Trainer again{nested_model(), optim::SGD{}, TrainerOptions{}.batch_size(8).epochs(1).verbose(false)};
+  Trainer again{nested_model(), optim::SGD{}, TrainingOptions{}.batch_size(8).epochs(1).verbose(false)};
   profile::Profiler idle({.schedule = {.wait = 1000, .active = 1}});
   again.set_profiler(&idle);
   REQUIRE_FALSE(idle.recording());
@@ -133,7 +133,7 @@ TEST_CASE("Profiler: a loop of train_step is recorded as fit's steps are, a prof
           "[profile]") {
   // accumulate(2): two train_step calls (micro-steps) make one optimizer step.
   Trainer trainer{nested_model(), optim::Adam{},
-                  TrainerOptions{}.batch_size(8).global_batch_size(16).accumulate(2).verbose(false)};
+                  TrainingOptions{}.batch_size(8).global_batch_size(16).accumulate(2).verbose(false)};
   profile::Profiler prof({.schedule = {.warmup = 1, .active = 2, .repeat = 1}});
   trainer.set_profiler(&prof);
   const data::TensorDataset set = random_set(8, 1);
@@ -154,7 +154,7 @@ TEST_CASE("Profiler: a loop of train_step is recorded as fit's steps are, a prof
 }
 
 TEST_CASE("Profiler: the table groups, sorts and accounts for the step time; the trace is Chrome's JSON", "[profile]") {
-  Trainer trainer{nested_model(), optim::Adam{}, TrainerOptions{}.batch_size(16).epochs(1).verbose(false)};
+  Trainer trainer{nested_model(), optim::Adam{}, TrainingOptions{}.batch_size(16).epochs(1).verbose(false)};
   profile::Profiler prof;
   trainer.set_profiler(&prof);
   trainer.fit(random_set(64, 1), random_set(16, 2));
@@ -213,7 +213,7 @@ TEST_CASE("Profiler on 2 ranks: bucket reductions on the communication track, ev
   std::vector<std::size_t> buckets(2), comm_spans(2), misfiled(2);  // checked after the threads (Catch2 v2)
   parallel::launch_threads(2, [&](parallel::ThreadAllReduce& comm) {
     Trainer<decltype(nested_model()), optim::Adam, FullPrecision, parallel::ThreadAllReduce> t{
-        nested_model(), optim::Adam{}, TrainerOptions{}.global_batch_size(16).bucket_bytes(512).verbose(false), comm};
+        nested_model(), optim::Adam{}, TrainingOptions{}.global_batch_size(16).bucket_bytes(512).verbose(false), comm};
     buckets[comm.rank()] = t.bucket_count();
     profile::Profiler prof;
     t.set_profiler(&prof);
@@ -245,7 +245,7 @@ TEST_CASE("Profiler on 2 ranks: bucket reductions on the communication track, ev
 }
 
 TEST_CASE("Profiler: profile_memory counts the tensor bytes a module allocates (the first step only)", "[profile]") {
-  Trainer trainer{nested_model(), optim::Adam{}, TrainerOptions{}.batch_size(16).epochs(1).verbose(false)};
+  Trainer trainer{nested_model(), optim::Adam{}, TrainingOptions{}.batch_size(16).epochs(1).verbose(false)};
   profile::Profiler prof({.profile_memory = true});
   trainer.set_profiler(&prof);
   trainer.fit(random_set(64, 1), random_set(16, 2));

@@ -1,4 +1,4 @@
-// parallel/model_check.hpp: ranks that built different models are refused at start-up, naming the
+// parallel/replicas.hpp: ranks that built different models are refused at start-up, naming the
 // parameter and both shapes; with XTRAIN_DEBUG_COLLECTIVES, ranks whose parameters drift apart
 // are stopped, naming the step.
 #include <cstdlib>
@@ -22,7 +22,7 @@ TEST_CASE("Ranks that built different models get an error naming the parameter a
             const std::size_t hidden = comm.rank() == 0 ? 32 : 64;
             auto model = nn::Sequential{nn::Linear{784, hidden}, nn::ReLU{}, nn::Linear{hidden, 10}};
             Trainer<decltype(model), optim::Adam, FullPrecision, ThreadAllReduce> t{std::move(model), optim::Adam{},
-                                                                                    TrainerOptions{}, comm};
+                                                                                    TrainingOptions{}, comm};
           }),
       Catch::Contains("parameter '0.weight'") && Catch::Contains("[64, 784]") && Catch::Contains("[32, 784]"));
 }
@@ -43,7 +43,7 @@ TEST_CASE("XTRAIN_DEBUG_COLLECTIVES: ranks whose parameters drift apart are stop
   auto run = [](bool drift) {
     parallel::launch_threads(2, [&](ThreadAllReduce& comm) {
       Trainer<decltype(mlp()), optim::Adam, FullPrecision, ThreadAllReduce> t{
-          mlp(), optim::Adam{}, TrainerOptions{}.global_batch_size(64).epochs(1).verbose(false), comm};
+          mlp(), optim::Adam{}, TrainingOptions{}.global_batch_size(64).epochs(1).verbose(false), comm};
       if (drift)
         t.fit(train3200(), test500(), Drift{});
       else

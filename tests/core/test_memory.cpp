@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <new>
 #include <string>
@@ -147,8 +148,8 @@ TEST_CASE("The backend owns every buffer of a training", "[backend][memory]") {
   using Model = nn::Sequential<nn::Linear, nn::BatchNorm1d, nn::ReLU, nn::Linear>;
   Trainer<Model, optim::Adam, MixedPrecision<bf16>, parallel::SingleProcess, HeapThreads> trainer{
       Model{nn::Linear{784, 256}, nn::BatchNorm1d{256}, nn::ReLU{}, nn::Linear{256, 10}}, optim::Adam{},
-      TrainerOptions{}.threads(2).verbose(false)};
-  const Matrix x = random_matrix(64, 784, 3);
+      TrainingOptions{}.threads(2).verbose(false)};
+  const Tensor<float> x = random_matrix(64, 784, 3);
   const Tensor<std::int32_t> y = labels(64, 10);
   // Warming up allocates every buffer: none of them (nothing of 1 KiB or more) through operator new.
   const StepAllocations warm = allocations_of_steps(trainer, x, y, 2);
@@ -177,6 +178,47 @@ TEST_CASE("The backend owns every buffer of a training", "[backend][memory]") {
   CHECK(mine.stats().peak >= mine.stats().live);
 }
 
+TEST_CASE("The engine allocates in its backend whichever resource the calling thread has current",
+          "[backend][memory]") {
+  // Memory is named by its owners (the engine's buffers, the loader's batches, ctx.memory for
+  // the modules, the loss and the optimizer state at the engine's boundary), not by a scope each
+  // public member must open: a caller whose thread has another resource current gets nothing of
+  // the training allocated there, through fit, evaluation, prediction, saving and loading.
+  set_seed(17);
+  using Model = nn::Sequential<nn::Linear, nn::BatchNorm1d, nn::ReLU, nn::Linear>;
+  const auto make = [] {
+    return Trainer<Model, optim::Adam, MixedPrecision<bf16>, parallel::SingleProcess, HeapCpu>{
+        Model{nn::Linear{784, 64}, nn::BatchNorm1d{64}, nn::ReLU{}, nn::Linear{64, 10}}, optim::Adam{},
+        TrainingOptions{}.batch_size(32).epochs(1).verbose(false)};
+  };
+  auto trainer = make();
+  auto resumed = make();  // (a model's parameters are made where its constructor runs)
+  auto other = std::make_shared<MallocResource>();
+  const std::string dir = (std::filesystem::temp_directory_path() / "xtrain_memory_owner").string();
+  {
+    const memory::Use use(*other);  // the caller's current resource: not the training's
+    const auto data = data::TensorDataset(random_matrix(256, 784, 8), labels(256, 10), 10, "random");
+    const std::int64_t after_data = other->stats().allocations;  // the data set is the caller's
+    trainer.fit(data, data);
+    trainer.evaluate(data);
+    trainer.predict(random_matrix(8, 784, 9));
+    const std::int64_t after_predict_input = other->stats().allocations;  // (its input tensor)
+    trainer.save_state(dir);
+    resumed.load_state(dir);
+    resumed.fit(data, data);
+    INFO("blocks from the caller's resource: " << after_data << " for the data set, "
+                                               << after_predict_input - after_data << " for predict's input, "
+                                               << other->stats().allocations - after_predict_input << " after");
+    CHECK(after_predict_input - after_data == 1);
+    CHECK(other->stats().allocations == after_predict_input);
+    CHECK(&memory::resource_of(resumed.params().values().data()) == &resumed.backend().memory());
+    optim::Adam::visit_state(resumed.optimizer_state(), [&](AlignedVector& v) {
+      CHECK(&memory::resource_of(v.data()) == &resumed.backend().memory());
+    });
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("A backend's buffers go with its Trainer; a tensor keeps its backend's memory alive", "[backend][memory]") {
   set_seed(16);
   std::weak_ptr<memory::Resource> memory_of_trainer;
@@ -184,8 +226,8 @@ TEST_CASE("A backend's buffers go with its Trainer; a tensor keeps its backend's
     using Model = nn::Sequential<nn::Linear, nn::BatchNorm1d, nn::ReLU, nn::Linear>;
     Trainer<Model, optim::Adam, MixedPrecision<bf16>, parallel::SingleProcess, HeapThreads> trainer{
         Model{nn::Linear{784, 128}, nn::BatchNorm1d{128}, nn::ReLU{}, nn::Linear{128, 10}}, optim::Adam{},
-        TrainerOptions{}.threads(2).verbose(false)};
-    const Matrix x = random_matrix(32, 784, 7);
+        TrainingOptions{}.threads(2).verbose(false)};
+    const Tensor<float> x = random_matrix(32, 784, 7);
     for (int i = 0; i < 2; ++i) trainer.train_step(x, labels(32, 10), 0, 32);
     memory_of_trainer = trainer.backend().memory().weak_from_this();
     REQUIRE(memory_of_trainer.lock()->stats().live > 0);
@@ -194,13 +236,13 @@ TEST_CASE("A backend's buffers go with its Trainer; a tensor keeps its backend's
   CHECK(memory_of_trainer.expired());
 
   // A tensor keeps its backend's memory alive: it may outlive the backend.
-  Matrix logits;
+  Tensor<float> logits;
   std::weak_ptr<memory::Resource> memory_of_backend;
   {
     HeapCpu other;
     memory_of_backend = other.memory().weak_from_this();
     const memory::Use use(other.memory());
-    logits = Matrix({4, 10});
+    logits = Tensor<float>({4, 10});
   }
   CHECK_FALSE(memory_of_backend.expired());
   CHECK(memory::resource_of(logits.data()).name() == "test-malloc");
@@ -214,7 +256,7 @@ TEST_CASE("Steady-state steps allocate nothing: no operator new, no backend bloc
     using Model = nn::Sequential<nn::Linear, nn::BatchNorm1d, nn::ReLU, nn::Linear>;
     Trainer<Model, optim::Adam, FullPrecision, parallel::SingleProcess, HeapCpu> trainer{
         Model{nn::Linear{784, 32}, nn::BatchNorm1d{32}, nn::ReLU{}, nn::Linear{32, 10}}, optim::Adam{},
-        TrainerOptions{}.verbose(false)};
+        TrainingOptions{}.verbose(false)};
     check_steady_state(trainer, random_matrix(32, 784, 4), labels(32, 10));
   }
   SECTION("the wide model, bf16, three threads") {
@@ -222,14 +264,14 @@ TEST_CASE("Steady-state steps allocate nothing: no operator new, no backend bloc
     using Model = nn::Sequential<nn::Linear, nn::BatchNorm1d, nn::GELU, nn::Linear>;
     Trainer<Model, optim::Adam, MixedPrecision<bf16>, parallel::SingleProcess, HeapThreads> trainer{
         Model{nn::Linear{784, 1024}, nn::BatchNorm1d{1024}, nn::GELU{}, nn::Linear{1024, 10}}, optim::Adam{},
-        TrainerOptions{}.threads(3).verbose(false)};
+        TrainingOptions{}.threads(3).verbose(false)};
     check_steady_state(trainer, random_matrix(256, 784, 5), labels(256, 10));
   }
   SECTION("a GPT, fp16 with loss scaling, two threads") {
     set_seed(14);
     Trainer<nn::GPT, optim::AdamW, MixedPrecision<fp16>, parallel::SingleProcess, HeapThreads> trainer{
         nn::GPT({.vocab = 20, .block = 32, .layers = 2, .heads = 4, .embd = 64}), optim::AdamW{},
-        TrainerOptions{}.threads(2).verbose(false)};
+        TrainingOptions{}.threads(2).verbose(false)};
     Tensor<std::int32_t> ids({4, 32}), targets({4, 32});
     for (std::size_t i = 0; i < ids.size(); ++i) {
       ids[i] = static_cast<std::int32_t>(i % 20);
@@ -241,14 +283,14 @@ TEST_CASE("Steady-state steps allocate nothing: no operator new, no backend bloc
     set_seed(15);
     auto model = cnn_models::convbn();
     Trainer<decltype(model), optim::Adam, MixedPrecision<bf16>, parallel::SingleProcess, HeapCpu> trainer{
-        std::move(model), optim::Adam{}, TrainerOptions{}.verbose(false)};
+        std::move(model), optim::Adam{}, TrainingOptions{}.verbose(false)};
     check_steady_state(trainer, random_tensor({8, 1, 28, 28}, 6), labels(8, 10));
   }
   SECTION("LeNet, fp32, batch 64 (image_lanes, the ReLU and pooling inside the convolutions)") {
     set_seed(16);
     auto model = cnn_models::lenet();
     Trainer<decltype(model), optim::Adam, FullPrecision, parallel::SingleProcess, HeapCpu> trainer{
-        std::move(model), optim::Adam{}, TrainerOptions{}.verbose(false)};
+        std::move(model), optim::Adam{}, TrainingOptions{}.verbose(false)};
     check_steady_state(trainer, random_tensor({64, 1, 28, 28}, 7), labels(64, 10));
   }
 }
@@ -260,7 +302,7 @@ TEST_CASE("Memory resources: scopes, stats, and a clear error for an unshared re
   {
     const memory::Use use(*r);
     CHECK(&memory::current() == r.get());
-    Matrix m({16, 16});
+    Tensor<float> m({16, 16});
     CHECK(&memory::resource_of(m.data()) == r.get());
     CHECK(r->stats().allocations == 1);
     CHECK(r->stats().live >= static_cast<std::int64_t>(16 * 16 * sizeof(float)));

@@ -32,7 +32,7 @@ std::pair<double, double> measured_and_estimated(MakeModel make_model, std::size
     meter.start();
     Trainer<decltype(make_model()), optim::Adam, Precision> trainer(
         make_model(), optim::Adam{},
-        TrainerOptions{}.batch_size(batch).eval_batch_size(eval_batch).epochs(1).verbose(false));
+        TrainingOptions{}.batch_size(batch).eval_batch_size(eval_batch).epochs(1).verbose(false));
     trainer.fit(train, test);
     peak = meter.bytes();
   });
