@@ -374,6 +374,7 @@ TEST_CASE("Training is bitwise the same on 1, 2 and 3 threads", "[backend][train
 }
 
 TEST_CASE("Thread counts: the option, the environment, the default, and clear errors", "[backend]") {
+  const ScopedEnv no_slurm("SLURM_CPUS_PER_TASK", nullptr);
   {
     const ScopedEnv a("XTRAIN_NUM_THREADS", nullptr), b("OMP_NUM_THREADS", nullptr);
     REQUIRE(backend::resolve_threads(3) == 3);
@@ -402,6 +403,20 @@ TEST_CASE("Thread counts: the option, the environment, the default, and clear er
     REQUIRE(backend::default_threads() == std::max<std::size_t>(1, backend::machine_cores() / 64));
     REQUIRE_THAT(backend::oversubscription_warning(backend::machine_cores()),
                  Catch::Contains("64 processes on this node x"));
+  }
+  {
+    // A Slurm job's --cpus-per-task bounds the default where tasks are not bound to cores; the
+    // option and the environment still decide.
+    const ScopedEnv a("XTRAIN_NUM_THREADS", nullptr), b("OMP_NUM_THREADS", nullptr);
+    const ScopedEnv c("SLURM_CPUS_PER_TASK", "1");
+    REQUIRE(backend::slurm_cpus_per_task() == 1);
+    REQUIRE(backend::default_threads() == 1);
+    REQUIRE(backend::resolve_threads(0) == 1);
+    REQUIRE(backend::resolve_threads(2) == 2);
+    const ScopedEnv d("SLURM_CPUS_PER_TASK", "4096");
+    REQUIRE(backend::default_threads() == std::min(backend::affinity_cores(), backend::machine_cores()));
+    const ScopedEnv e("SLURM_CPUS_PER_TASK", "");
+    REQUIRE(backend::slurm_cpus_per_task() == 0);
   }
   REQUIRE_THROWS_WITH(backend::Cpu(2), Catch::Contains("use backend::CpuThreads"));
   const std::string warning = backend::oversubscription_warning(backend::affinity_cores() + 1);

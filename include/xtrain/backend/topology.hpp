@@ -64,13 +64,25 @@ inline std::size_t threads_from_environment() {
   return 0;
 }
 
+/// The cores Slurm allocated to each task of this job (`--cpus-per-task`: SLURM_CPUS_PER_TASK),
+/// whether or not its task plugin binds the task to them; 0 outside such a job.
+inline std::size_t slurm_cpus_per_task() noexcept {
+  const char* v = std::getenv("SLURM_CPUS_PER_TASK");
+  if (!v) return 0;
+  const long n = std::strtol(v, nullptr, 10);
+  return n > 0 ? static_cast<std::size_t>(n) : 0;
+}
+
 /// The default thread count of a rank: the cores of its affinity mask, at most the node's cores
-/// divided among its ranks. So `mpirun -np 2` on 2 cores gives 1 thread each, `--map-by
-/// slot:PE=4` gives 4, and ranks bound to a shared socket never oversubscribe it. (Ranks run as
-/// threads of one process, parallel::ThreadAllReduce, are not counted: give their count yourself.)
+/// divided among its ranks, and at most Slurm's `--cpus-per-task` where a job sets it. So
+/// `mpirun -np 2` on 2 cores gives 1 thread each, `--map-by slot:PE=4` gives 4, `srun
+/// --cpus-per-task=1` gives 1 on a cluster that does not bind tasks to cores, and ranks bound to
+/// a shared socket never oversubscribe it. (Ranks run as threads of one process,
+/// parallel::ThreadAllReduce, are not counted: give their count yourself.)
 inline std::size_t default_threads() noexcept {
-  const std::size_t share = machine_cores() / local_ranks();
-  return std::max<std::size_t>(1, std::min(affinity_cores(), share));
+  std::size_t n = std::min(affinity_cores(), machine_cores() / local_ranks());
+  if (const std::size_t slurm = slurm_cpus_per_task()) n = std::min(n, slurm);
+  return std::max<std::size_t>(1, n);
 }
 
 /// The thread count to use: `requested` if not 0, else the environment's, else default_threads().
