@@ -4,13 +4,17 @@
 #   run_requeueable srun --mpi=pmix build/examples/fashion_mnist_mlp "${ARGS[@]}"
 #
 # With `#SBATCH --signal=B:USR1@90` Slurm sends SIGUSR1 to the batch script 90 s before the time
-# limit; at the limit, or on preemption, SIGTERM to every process of the job, then SIGKILL after
-# KillWait (30 s by default). Either signal reaching this script is passed on to the command as
-# SIGUSR1 (srun and mpirun forward it to every rank as is); the ranks finish their step, save a
-# checkpoint and exit 75 (xtrain::exit_code::interrupted). On 75 the job requeues itself
-# (`#SBATCH --requeue`); the requeued job keeps its SLURM_JOB_ID, so a --project-dir named after it
-# finds the checkpoint, and the command gets --resume latest. Any other exit code ends the job.
-# Outside Slurm (no SLURM_JOB_ID) the command runs the same way and nothing is requeued.
+# limit; on `scancel`, at the limit, or on preemption, SIGTERM to every process of the job, then
+# SIGKILL after KillWait (30 s by default). Either signal reaching this script is passed on to the
+# command as SIGUSR1 (srun and mpirun forward it to every rank as is); the ranks finish their
+# step, save a checkpoint and exit 75 (xtrain::exit_code::interrupted). After SIGUSR1 (the time
+# limit's warning, or `scancel --signal=USR1 --batch`) the job then requeues itself (`#SBATCH
+# --requeue`); the requeued job keeps its SLURM_JOB_ID, so a --project-dir named after it finds
+# the checkpoint, and the command gets --resume latest. After SIGTERM it does not: that is
+# `scancel` (the job is meant to end) or a preemption (Slurm requeues the job itself where the
+# cluster's PreemptMode is REQUEUE; elsewhere resubmit it, and it resumes). Any other exit code
+# ends the job. Outside Slurm (no SLURM_JOB_ID) the command runs the same way and nothing is
+# requeued.
 
 run_requeueable() {
   local command=("$@") project="" i dir
@@ -33,9 +37,18 @@ run_requeueable() {
   previous_traps=$(trap -p USR1 TERM INT)
   _xtrain_job=0
   _xtrain_stop=0
+  _xtrain_signal=""  # the first signal this script got
+  _xtrain_on_signal() {
+    [ -n "$_xtrain_signal" ] || _xtrain_signal=$1
+    _xtrain_stop=1
+    echo "[requeue] SIG$1 received: asking the ranks to save"
+    [ "$_xtrain_job" -gt 0 ] && kill -USR1 "$_xtrain_job" 2> /dev/null
+    return 0
+  }
   # installed before the job starts, so that no signal can fall between the two
-  trap '_xtrain_stop=1; echo "[requeue] signal received: asking the ranks to save";
-        [ "$_xtrain_job" -gt 0 ] && kill -USR1 "$_xtrain_job" 2> /dev/null' USR1 TERM INT
+  trap '_xtrain_on_signal USR1' USR1
+  trap '_xtrain_on_signal TERM' TERM
+  trap '_xtrain_on_signal INT' INT
   "${command[@]}" &
   _xtrain_job=$!
   [ "$_xtrain_stop" = 1 ] && kill -USR1 "$_xtrain_job" 2> /dev/null
@@ -46,7 +59,10 @@ run_requeueable() {
   trap - USR1 TERM INT
   eval "$previous_traps"
   if [ "$rc" -eq 75 ]; then  # xtrain::exit_code::interrupted
-    if [ -n "${SLURM_JOB_ID:-}" ]; then
+    if [ -n "${SLURM_JOB_ID:-}" ] && { [ "$_xtrain_signal" = TERM ] || [ "$_xtrain_signal" = INT ]; }; then
+      echo "[requeue] checkpoint saved after SIG$_xtrain_signal (scancel, or a preemption): not requeued;" \
+        "resubmit the script to continue (Slurm requeues a preempted job itself where PreemptMode=REQUEUE)"
+    elif [ -n "${SLURM_JOB_ID:-}" ]; then
       echo "[requeue] checkpoint saved: requeueing job ${SLURM_JOB_ID}"
       scontrol requeue "${SLURM_JOB_ID}" || echo "[requeue] scontrol requeue failed: resubmit the job" >&2
     else

@@ -414,7 +414,9 @@ TEST_CASE("Thread counts: the option, the environment, the default, and clear er
     REQUIRE(backend::resolve_threads(0) == 1);
     REQUIRE(backend::resolve_threads(2) == 2);
     const ScopedEnv d("SLURM_CPUS_PER_TASK", "4096");
-    REQUIRE(backend::default_threads() == std::min(backend::affinity_cores(), backend::machine_cores()));
+    REQUIRE(backend::default_threads() ==
+            std::max<std::size_t>(
+                1, std::min(backend::affinity_cores(), backend::machine_cores() / backend::local_ranks())));
     const ScopedEnv e("SLURM_CPUS_PER_TASK", "");
     REQUIRE(backend::slurm_cpus_per_task() == 0);
   }

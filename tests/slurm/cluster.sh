@@ -39,11 +39,13 @@ check() {
   }
 }
 
-# A TCP port on 127.0.0.1 that nothing listens to, from 20000-59999.
+# A TCP port on 127.0.0.1 that nothing listens to and not in TAKEN (a list of ports), from
+# 20000-32767 (below Linux's ephemeral ports).
 free_port() {
-  local p
+  local p taken=" ${1:-} "
   for _ in $(seq 1 200); do
-    p=$((20000 + RANDOM % 40000))
+    p=$((20000 + RANDOM % 12768))
+    [[ "$taken" == *" $p "* ]] && continue
     (echo > "/dev/tcp/127.0.0.1/$p") 2> /dev/null || {
       echo "$p"
       return
@@ -67,19 +69,22 @@ start() {
     --pid-file="$dir/munge/munged.pid" --log-file="$dir/log/munged.log" --seed-file="$dir/munge/seed" ||
     die "munged did not start: $(tail -3 "$dir/log/munged.log" 2> /dev/null)"
 
-  local host cpus mem ctld_port
+  # the node as slurmd sees it (a node configured with more CPUs or memory would be drained)
+  local host cpus mem ports
   host=$(hostname)
-  cpus=$(nproc --all)
-  mem=$(($(awk '/^MemTotal:/ {print $2}' /proc/meminfo) / 1024 * 3 / 4))  # MiB
-  ctld_port=$(free_port)
+  cpus=$(slurmd -C | tr ' ' '\n' | sed -n 's/^CPUs=//p')
+  mem=$(slurmd -C | tr ' ' '\n' | sed -n 's/^RealMemory=//p')
+  [ -n "$cpus" ] && [ -n "$mem" ] || die "slurmd -C did not describe this machine"
+  mem=$((mem * 3 / 4))  # MiB
+  ports=$(free_port)
   {
     echo "# written by tests/slurm/cluster.sh"
     echo "ClusterName=xtraintest"
     echo "SlurmctldHost=$host(127.0.0.1)"
-    echo "SlurmctldPort=$ctld_port"
+    echo "SlurmctldPort=$ports"
     # cred_expire: also how long a requeued job waits before it may start again (default 120 s)
     echo "AuthType=auth/munge"
-    echo "AuthInfo=socket=$dir/munge/socket,cred_expire=5"
+    echo "AuthInfo=socket=$dir/munge/socket,cred_expire=10"
     echo "CredType=cred/munge"
     echo "SlurmUser=root"
     echo "SlurmdUser=root"
@@ -101,10 +106,11 @@ start() {
     echo "ReturnToService=2"
     echo "MinJobAge=600"  # finished jobs stay visible to scontrol for the checks
     echo "KillWait=10"
-    local n
-    for ((n = 1; n <= nodes; ++n))
-    do
-      echo "NodeName=node$n NodeHostname=$host NodeAddr=127.0.0.1 Port=$(free_port) CPUs=$cpus RealMemory=$mem State=UNKNOWN"
+    local n port
+    for ((n = 1; n <= nodes; ++n)); do
+      port=$(free_port "$ports")
+      ports="$ports $port"
+      echo "NodeName=node$n NodeHostname=$host NodeAddr=127.0.0.1 Port=$port CPUs=$cpus RealMemory=$mem State=UNKNOWN"
     done
     echo "PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
   } > "$dir/slurm.conf"
@@ -134,12 +140,15 @@ start() {
   die "the nodes did not become idle in 60 s (sinfo: ${state:-nothing}): $(tail -5 "$dir/log/slurmctld.log")"
 }
 
-# Kills the process in PIDFILE (TERM, then KILL after 10 s) and waits until it is gone.
+# Kills the process in PIDFILE (TERM, then KILL after 10 s) and waits until it is gone; only if
+# it is a daemon of the cluster in DIR (a stale file may name another process by now).
 stop_pidfile() {
-  local file=$1 pid
+  local file=$1 dir=$2 pid
   [ -f "$file" ] || return 0
   pid=$(cat "$file" 2> /dev/null)
   [ -n "$pid" ] && kill -0 "$pid" 2> /dev/null || return 0
+  case "$(cat "/proc/$pid/comm" 2> /dev/null)" in munged | slurmctld | slurmd) ;; *) return 0 ;; esac
+  { tr '\0' '\n' < "/proc/$pid/cmdline"; } 2> /dev/null | grep -qF "$dir/" || return 0
   kill "$pid" 2> /dev/null
   for _ in $(seq 1 100); do
     kill -0 "$pid" 2> /dev/null || return 0
@@ -148,45 +157,52 @@ stop_pidfile() {
   kill -9 "$pid" 2> /dev/null
 }
 
-# Processes of the cluster in DIR: its daemons (DIR in their command line, or in the environment
-# slurmd passes on to slurmstepd: SLURM_CONF=DIR/slurm.conf) and everything they started.
+# Processes of the cluster in DIR, this script and its callers aside: its daemons (DIR in their
+# command line), slurmstepd (it keeps its node's log in DIR open; its command line and
+# environment are overwritten by its title) and the jobs' processes (their environment has
+# SLURM_CONF=DIR/slurm.conf or DIR/node2/slurm.conf).
 ours() {
-  local dir=$1 pid
-  descendants() {
-    local child
-    for child in $(pgrep -P "$1"); do
-      echo "$child"
-      descendants "$child"
-    done
-  }
-  for pid in $(pgrep -x munged; pgrep -x slurmctld; pgrep -x slurmd; pgrep -x slurmstepd); do
+  local dir=$1 pid p skip=" "
+  p=$$
+  while [ -n "$p" ] && [ "$p" != 0 ]; do  # this script and its ancestors
+    skip="$skip$p "
+    p=$(awk '/^PPid:/ {print $2}' "/proc/$p/status" 2> /dev/null)
+  done
+  for pid in $(ls /proc | grep -E '^[0-9]+$'); do
+    [[ "$skip" == *" $pid "* ]] && continue
+    # a child of this script (a command substitution, a pipeline) is not the cluster's either
+    [ "$(awk '/^PPid:/ {print $2}' "/proc/$pid/status" 2> /dev/null)" = $$ ] && continue
     if { tr '\0' '\n' < "/proc/$pid/cmdline"; } 2> /dev/null | grep -qF "$dir/" ||
-      { tr '\0' '\n' < "/proc/$pid/environ"; } 2> /dev/null | grep -qxF "SLURM_CONF=$dir/slurm.conf"; then
+      { tr '\0' '\n' < "/proc/$pid/environ"; } 2> /dev/null | grep -qxF -e "SLURM_CONF=$dir/slurm.conf" -e "SLURM_CONF=$dir/node2/slurm.conf" ||
+      find "/proc/$pid/fd" -maxdepth 1 -lname "$dir/*" 2> /dev/null | grep -q .; then
       echo "$pid"
-      descendants "$pid"
     fi
-  done | sort -u
+  done
 }
 
 stop() {
-  local dir=$1
+  local dir=$1 pid f
   [ -d "$dir" ] || return 0
   dir=$(cd "$dir" && pwd)
-  if [ -f "$dir/slurm.conf" ]; then
+  if [ -f "$dir/slurm.conf" ] && [ -f "$dir/slurmctld.pid" ]; then
     export SLURM_CONF=$dir/slurm.conf
-    # jobs first (their steps end with them), then the daemons
-    scancel --full --quiet --partition=test 2> /dev/null
-    local f
-    for f in "$dir"/slurmd.*.pid "$dir/slurmctld.pid"; do stop_pidfile "$f"; done
-    # whatever a job left behind (slurmstepd, tasks): processes of this cluster only
-    local pid
-    for pid in $(ours "$dir"); do kill -9 "$pid" 2> /dev/null; done
+    # jobs first, and wait until Slurm has ended them (KillWait is 10 s), then the daemons
+    if scancel --full --quiet --partition=test 2> /dev/null; then
+      for _ in $(seq 1 60); do
+        [ -z "$(squeue -h -o %i 2> /dev/null)" ] && break
+        sleep 0.5
+      done
+    fi
   fi
-  stop_pidfile "$dir/munge/munged.pid"
+  for f in "$dir"/slurmd.*.pid "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do stop_pidfile "$f" "$dir"; done
+  # whatever is left (slurmstepd, a job's processes): this cluster's only
+  for pid in $(ours "$dir"); do kill -9 "$pid" 2> /dev/null; done
   sleep 0.2
-  if [ -n "$(ours "$dir")" ]; then
+  local left
+  left=$(ours "$dir")
+  if [ -n "$left" ]; then
     echo "cluster.sh: still running after stop:" >&2
-    for pid in $(ours "$dir"); do ps -o pid=,args= -p "$pid" >&2; done
+    for pid in $left; do ps -o pid=,args= -p "$pid" >&2; done
     return 1
   fi
   return 0

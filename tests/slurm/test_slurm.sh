@@ -11,8 +11,9 @@
 #   requeue    1node_2cores with SIGUSR1 sent to its batch script by Slurm (scancel --signal=USR1
 #              --batch, what --signal=B:USR1@90 does before the time limit): the ranks save and
 #              exit 75, requeue.sh requeues the job, Slurm starts it again, it resumes; its final
-#              weights are byte for byte those of the same job left alone. A job that fails for
-#              another reason (a missing data folder) is not requeued.
+#              weights are byte for byte those of the same job left alone. A job cancelled by
+#              `scancel` (SIGTERM) saves and ends without a requeue; a job that fails for another
+#              reason (a missing data folder) is not requeued.
 #   two_nodes  2nodes_1core and 2nodes_2cores on two slurmd of this machine (one epoch: 4 ranks
 #              on 2 cores), ranks over both nodes
 #
@@ -21,7 +22,7 @@
 # Slurm's packages are missing or this is not root.
 set -uo pipefail
 [ $# = 4 ] || {
-  sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 mode=$1
@@ -33,6 +34,14 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cluster_sh=$here/cluster.sh
 
 "$cluster_sh" check || exit $?
+[ "$(nproc --all)" -ge 2 ] || {
+  echo "SKIP: the 2-core scripts need a machine with 2 cores or more"
+  exit 77
+}
+# Nothing of an outer Slurm job (when ctest itself runs in one) or of the caller's thread settings
+# reaches these jobs: they see what a job submitted from a login shell sees.
+for v in $(compgen -e | grep -E '^(SLURM|SBATCH|SRUN|SALLOC|SCANCEL|SQUEUE|SINFO|SCONTROL)_'); do unset "$v"; done
+unset XTRAIN_NUM_THREADS OMP_NUM_THREADS
 [ -x "$examples/fashion_mnist_mlp" ] || {
   echo "SKIP: $examples/fashion_mnist_mlp is not built"
   exit 77
@@ -44,11 +53,14 @@ cluster_sh=$here/cluster.sh
 }
 
 work=$work_dir/slurm-$mode
-cluster=$work/cluster
 submit=$work/submit
-"$cluster_sh" stop "$cluster" > /dev/null 2>&1  # a cluster an interrupted run left behind
-rm -rf "$work"
+# the cluster in a short folder (munge's and PMIx's Unix sockets have paths of at most 107 bytes),
+# linked from the work folder while it runs; its logs are copied there at the end
+[ -L "$work/cluster" ] && "$cluster_sh" stop "$(readlink "$work/cluster")" > /dev/null 2>&1  # left by a killed run
+rm -rf "$(readlink "$work/cluster" 2> /dev/null || echo /nonexistent)" "$work"
 mkdir -p "$submit/build"
+cluster=$(mktemp -d /tmp/xtrain-slurm.XXXXXX) || exit 1
+ln -s "$cluster" "$work/cluster"
 ln -s "$source_dir/examples" "$submit/examples"
 ln -s "$examples" "$submit/build/examples"
 
@@ -67,6 +79,12 @@ finish() {
     tail -n 15 "$cluster/log/slurmctld.log" 2> /dev/null
   fi
   "$cluster_sh" stop "$cluster" || rc=1
+  if [ -d "$cluster" ]; then
+    rm -f "$work/cluster"
+    cp -r "$cluster/log" "$work/cluster-logs" 2> /dev/null
+    cp "$cluster/slurm.conf" "$work/cluster-logs/" 2> /dev/null
+    rm -rf "$cluster"
+  fi
   exit "$rc"
 }
 trap finish EXIT
@@ -82,20 +100,33 @@ fi
 export SLURM_CONF=$cluster/slurm.conf
 cd "$submit" || fail "no $submit"
 
-# A field of `scontrol show job`: JobState, ExitCode, Restarts, ...
-field() { scontrol show job "$1" 2> /dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
+# Every wait ends by this time (SECONDS), well inside ctest's TIMEOUT of 600 s: a test that
+# times out still stops its cluster and prints its logs.
+deadline=$((SECONDS + 480))
 
-# Waits until job ID has ended (at most SECONDS, default 300).
+# A field of `scontrol show job`: JobState, ExitCode, Restarts, ... (asked again if scontrol,
+# on a loaded machine, does not answer at once)
+field() {
+  local value
+  for _ in 1 2 3 4 5; do
+    value=$(scontrol show job "$1" 2> /dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1)
+    [ -n "$value" ] && break
+    sleep 1
+  done
+  echo "$value"
+}
+
+# Waits until job ID has ended.
 wait_job() {
-  local id=$1 limit=${2:-300} state
-  for _ in $(seq 1 $((limit * 2))); do
+  local id=$1 state
+  while [ "$SECONDS" -lt "$deadline" ]; do
     state=$(field "$id" JobState)
     case "$state" in
       COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE) return 0 ;;
     esac
     sleep 0.5
   done
-  fail "job $id still ${state:-unknown} after $limit s"
+  fail "job $id still ${state:-unknown} when the test's time ran out"
 }
 
 # Submits SCRIPT with FLAGS; prints the job id.
@@ -128,10 +159,10 @@ accuracy() {
   grep -o 'Final Test Accuracy: [0-9.]*' "$(log_of "$1")" | tail -1 | awk '{printf "%d", $4 * 100}'
 }
 
-# Waits (at most 120 s) until job ID's log has a line matching PATTERN.
+# Waits until job ID's log has a line matching PATTERN.
 wait_for_line() {
   local id=$1 pattern=$2 log
-  for _ in $(seq 1 1200); do
+  while [ "$SECONDS" -lt "$deadline" ]; do
     log=$(log_of "$id")
     [ -n "$log" ] && grep -q "$pattern" "$log" && return 0
     case "$(field "$id" JobState)" in
@@ -139,7 +170,7 @@ wait_for_line() {
     esac
     sleep 0.1
   done
-  fail "job $id printed no '$pattern' in 120 s"
+  fail "job $id printed no '$pattern' before the test's time ran out"
 }
 
 case "$mode" in
@@ -175,19 +206,36 @@ case "$mode" in
     check_completed "$preempted" 2 1
     log=$(log_of "$preempted")
     grep -q '^\[requeue\] checkpoint saved: requeueing job' "$log" || fail "no requeue message in $log"
-    grep -q 'Epoch \[3/3\]' "$log" || fail "the requeued job did not finish its epochs"
+    sed -n '/^\[requeue\] resuming/,$p' "$log" | grep -q 'Epoch \[3/3\]' ||
+      fail "the requeued job did not finish its epochs after resuming"
     grep '^\[requeue\]\|\[xtrain\]' "$log"
     cmp "$work/alone.safetensors" "$work/preempted.safetensors" ||
       fail "the preempted and requeued job's weights differ from the uninterrupted job's"
     echo "preempted, requeued and resumed job $preempted: weights byte for byte those of job $alone"
+
+    # scancel: SIGTERM to the script and the ranks; they save, and the job ends (cancelled, not
+    # requeued: the user asked it to stop).
+    cancelled=$(submit examples/slurm/1node_2cores.sbatch "${flags[@]}") || exit 1
+    wait_for_line "$cancelled" 'Epoch \[1/3\]'
+    scancel "$cancelled" || fail "scancel $cancelled failed"
+    wait_job "$cancelled"
+    sleep 3  # a requeue, had there been one, would show by now
+    log=$(log_of "$cancelled")
+    state=$(field "$cancelled" JobState) restarts=$(field "$cancelled" Restarts)
+    [ "$state" = CANCELLED ] && [ "$restarts" = 0 ] ||
+      fail "job $cancelled (scancel): $state after $restarts restarts, expected CANCELLED after 0"
+    grep -q '^\[xtrain\] received SIGTERM at epoch .*: checkpoint saved' "$log" || fail "job $cancelled saved nothing on scancel"
+    grep -q '^\[requeue\] checkpoint saved after SIGTERM (scancel, or a preemption): not requeued' "$log" ||
+      fail "job $cancelled: no 'not requeued' message"
+    echo "job $cancelled (scancel): checkpoint saved, CANCELLED, not requeued"
 
     # Another failure (no data set there): the job fails, and stays failed.
     broken=$(submit examples/slurm/1node_1core.sbatch --data "$work/no-such-folder") || exit 1
     wait_job "$broken"
     sleep 3  # a requeue, had there been one, would show by now
     state=$(field "$broken" JobState) restarts=$(field "$broken" Restarts)
-    [ "$state" = FAILED ] && [ "$restarts" = 0 ] ||
-      fail "job $broken (missing data): $state after $restarts restarts, expected FAILED after 0"
+    [ "$state" = FAILED ] && [ "$restarts" = 0 ] && [ "$(field "$broken" ExitCode)" = 65:0 ] ||
+      fail "job $broken (missing data): $state (exit $(field "$broken" ExitCode)) after $restarts restarts, expected FAILED (65) after 0"
     grep -q '\[requeue\] checkpoint saved' "$(log_of "$broken")" && fail "job $broken claims a checkpoint"
     echo "job $broken (missing data): FAILED with exit code $(field "$broken" ExitCode), not requeued"
     ;;
