@@ -32,7 +32,8 @@ struct Flags {
   std::size_t eval_every = 500, eval_iters = 20, sample = 500, top_k = 0, warmup = 0;
   float lr = 1e-3f, weight_decay = 0.1f, temperature = 1.0f, clip = 1.0f;
   std::uint64_t seed = 1337;
-  std::string precision = "fp32", schedule = "constant", project_dir, resume, export_path, profile_dir;
+  std::string precision = "fp32", optimizer = "adamw", schedule = "constant", project_dir, resume, export_path,
+              profile_dir;
   std::size_t threads = 0;  // 0: the backend's default
   bool shard_optimizer = false;
 };
@@ -43,7 +44,7 @@ constexpr const char* usage =
     "           [--schedule constant|cosine] [--warmup N] [--seed N] [--threads N] [--precision fp32|bf16|fp16]\n"
     "           [--eval-every N] [--eval-iters N] [--project-dir DIR] [--resume latest|DIR]\n"
     "           [--export FILE] [--sample N] [--temperature X] [--top-k N] [--profile DIR]\n"
-    "           [--shard-optimizer]\n"
+    "           [--shard-optimizer] [--optimizer adamw|adamw8bit]\n"
     "  --corpus PATH     a text file, or a folder whose regular files are read in name order\n"
     "                    (*.dat, *.u8 and links skipped); default /usr/share/games/fortunes\n"
     "                    (Debian's fortunes package)\n"
@@ -74,7 +75,9 @@ constexpr const char* usage =
     "  --profile DIR     print where a step's time goes per layer (this run's steps 16-65), and\n"
     "                    write Chrome traces to DIR\n"
     "  --shard-optimizer each process steps 1/P of the parameters and keeps 1/P of AdamW's state\n"
-    "                    (ZeRO stage 1; the same training)\n";
+    "                    (ZeRO stage 1; the same training)\n"
+    "  --optimizer O     adamw (default) or adamw8bit: AdamW with its two moments in 8 bits per\n"
+    "                    parameter (block-wise quantized; tensors under 4096 elements in fp32)\n";
 
 Flags parse(int argc, char** argv) {
   Flags f;
@@ -105,6 +108,7 @@ Flags parse(int argc, char** argv) {
       .count("--top-k", f.top_k, true)
       .text("--profile", f.profile_dir)
       .toggle("--shard-optimizer", f.shard_optimizer)
+      .choice("--optimizer", f.optimizer, {"adamw", "adamw8bit"})
       .parse(argc, argv);
   if (f.embd % f.heads != 0)
     example::fail_usage("--embd " + std::to_string(f.embd) + " is not a multiple of --heads " + std::to_string(f.heads),
@@ -188,7 +192,7 @@ std::string generate(Trainer& trainer, const xtrain::data::CharVocab& vocab, con
   return text;
 }
 
-template <class Precision>
+template <class Precision, class Optimizer>
 int run(const Flags& flags) {
   xtrain::parallel::MpiAllReduce comm;
   const bool main_process = comm.rank() == 0;
@@ -215,30 +219,30 @@ int run(const Flags& flags) {
   } else if (flags.warmup > 0) {
     options.schedule(xtrain::optim::LrSchedule::constant().warmup(flags.warmup));
   }
+  std::size_t parameters = 0;
+  xtrain::visit_parameters(model, [&](const std::string& name, xtrain::Param& p, xtrain::ParamKind) {
+    if (name != "head.weight") parameters += p.size();  // tied to wte.weight
+  });
   if (main_process) {
     std::printf("xtrain %s | corpus %s: %zu characters, vocabulary of %zu | %zu training, %zu validation windows\n",
                 xtrain::version_string, flags.corpus.c_str(), train.tokens().size() + val.tokens().size(), vocab.size(),
                 train.size(), val.size());
-    std::size_t parameters = 0;
-    xtrain::visit_parameters(model, [&](const std::string& name, xtrain::Param& p, xtrain::ParamKind) {
-      if (name != "head.weight") parameters += p.size();  // tied to wte.weight
-    });
     std::printf("%s: %zu parameters\n", model.describe().c_str(), parameters);
   }
-  using Trainer = xtrain::Trainer<xtrain::layers::GPT, xtrain::optim::AdamW, Precision, xtrain::parallel::MpiAllReduce,
+  using Trainer = xtrain::Trainer<xtrain::layers::GPT, Optimizer, Precision, xtrain::parallel::MpiAllReduce,
                                   xtrain::backend::CpuThreads>;
-  Trainer trainer{std::move(model),
-                  xtrain::optim::AdamW{}.lr(flags.lr).betas(0.9f, 0.99f).weight_decay(flags.weight_decay), options,
-                  std::move(comm)};
+  Trainer trainer{std::move(model), Optimizer{}.lr(flags.lr).betas(0.9f, 0.99f).weight_decay(flags.weight_decay),
+                  options, std::move(comm)};
   const std::size_t global = trainer.global_batch_size();
   if (main_process) {
     std::printf(
-        "AdamW lr %g, weight decay %g | %zu process%s (launcher: %s) | global batch %zu x %zu tokens | %zu steps | "
+        "%s lr %g, weight decay %g | %zu process%s (launcher: %s) | global batch %zu x %zu tokens | %zu steps | "
         "seed %llu | precision %s\n",
-        static_cast<double>(flags.lr), static_cast<double>(flags.weight_decay), ranks, ranks == 1 ? "" : "es",
-        xtrain::parallel::launch_info().launcher, global, flags.block, flags.iters,
+        Optimizer::name, static_cast<double>(flags.lr), static_cast<double>(flags.weight_decay), ranks,
+        ranks == 1 ? "" : "es", xtrain::parallel::launch_info().launcher, global, flags.block, flags.iters,
         static_cast<unsigned long long>(flags.seed), Precision::name);
     example::report_backend(trainer.backend(), ranks);
+    example::report_optimizer_state(trainer, parameters);
     example::report_kernels(flags.precision);
   }
   RunRecord record{trainer.model().config(), vocab.chars()};
@@ -333,6 +337,9 @@ int main(int argc, char** argv) {
   xtrain::parallel::MpiEnvironment env{argc, argv};
   return env.run([&] {
     const Flags flags = parse(argc, argv);
-    return example::with_precision(flags.precision, [&]<class Precision>() { return run<Precision>(flags); });
+    return example::with_precision(flags.precision, [&]<class Precision>() {
+      if (flags.optimizer == "adamw8bit") return run<Precision, xtrain::optim::AdamW8bit>(flags);
+      return run<Precision, xtrain::optim::AdamW>(flags);
+    });
   });
 }

@@ -11,6 +11,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -164,6 +165,17 @@ void report_backend(const Backend& backend, std::size_t ranks) {
               mask < cores ? " (bound by the launcher)" : "");
   if (const std::string w = xtrain::backend::oversubscription_warning(threads); !w.empty())
     std::fprintf(stderr, "warning: %s\n", w.c_str());
+}
+
+/// "optimizer state: 1.64 MiB on this process (2.06 bytes per parameter)": what the trainer's
+/// optimizer keeps (this rank's block when sharded) over the model's `parameters`.
+template <class Trainer>
+void report_optimizer_state(Trainer& trainer, std::size_t parameters) {
+  std::size_t bytes = 0;
+  std::remove_cvref_t<decltype(trainer.optimizer())>::visit_state(
+      trainer.optimizer_state(), [&](const auto& v) { bytes += v.size() * sizeof(v[0]); });
+  std::printf("optimizer state: %.2f MiB on this process (%.2f bytes per parameter)\n",
+              static_cast<double>(bytes) / (1 << 20), static_cast<double>(bytes) / static_cast<double>(parameters));
 }
 
 inline void report_kernels(const std::string& precision) {

@@ -35,7 +35,7 @@ struct Flags {
   double clip_norm = 0.0;
   std::string project_dir, resume, export_path;
   std::size_t checkpoint_every_steps = 0, total_limit = 0;
-  std::string precision = "fp32", compress = "none";
+  std::string precision = "fp32", compress = "none", optimizer = "adam";
   std::size_t threads = 0;  // 0: the backend's default
   std::string profile_dir;
   std::size_t profile_steps = 200;
@@ -45,6 +45,7 @@ constexpr const char* usage =
     "usage: [mpirun -np P] fashion_mnist_mlp [--data DIR] [--epochs N] [--batch N | --global-batch N]\n"
     "           [--hidden N] [--activation relu|tanh|sigmoid|gelu|gelu_tanh|silu] [--lr X] [--seed N]\n"
     "           [--scale-lr] [--sync-bn] [--accumulate K] [--clip-norm X] [--shard-optimizer]\n"
+    "           [--optimizer adam|adam8bit]\n"
     "           [--deterministic CHUNK]\n"
     "           [--project-dir DIR [--checkpoint-every-steps K] [--total-limit L]] [--resume latest|DIR]\n"
     "           [--export FILE.safetensors] [--threads N] [--precision fp32|bf16|fp16] [--compress-grads bf16|fp16]\n"
@@ -65,6 +66,8 @@ constexpr const char* usage =
     "  --clip-norm X     clip the global gradient norm to X (default off)\n"
     "  --shard-optimizer each process steps 1/P of the parameters and keeps 1/P of Adam's state\n"
     "                    (ZeRO stage 1; the same training)\n"
+    "  --optimizer O     adam (default) or adam8bit: Adam with its two moments in 8 bits per\n"
+    "                    parameter (block-wise quantized; tensors under 4096 elements in fp32)\n"
     "  --deterministic CHUNK  bitwise the same training on 1, 2, 4, ... processes (gradients summed\n"
     "                    per CHUNK samples in a fixed tree; needs --global-batch = CHUNK x a power of two)\n"
     "  --project-dir DIR save a checkpoint each epoch in DIR/checkpoints/checkpoint_N, and on\n"
@@ -104,6 +107,7 @@ Flags parse(int argc, char** argv) {
       .count("--accumulate", f.accumulate)
       .number("--clip-norm", f.clip_norm)
       .toggle("--shard-optimizer", f.shard_optimizer)
+      .choice("--optimizer", f.optimizer, {"adam", "adam8bit"})
       .count("--deterministic", f.deterministic)
       .text("--project-dir", f.project_dir)
       .count("--checkpoint-every-steps", f.checkpoint_every_steps)
@@ -125,7 +129,7 @@ Flags parse(int argc, char** argv) {
   return f;
 }
 
-template <class Precision>
+template <class Precision, class Optimizer>
 int run_training(const Flags& flags) {
   namespace nn = xtrain::layers;
   const auto activation = nn::activation_kind(flags.activation);
@@ -158,17 +162,17 @@ int run_training(const Flags& flags) {
                                                 .prefetch = xtrain::backend::resolve_threads(flags.threads) > 1};
     const std::vector<xtrain::profile::MemoryEstimate> all = [&] {  // the model copy is gone before the measurement
       const auto m = make_model();
-      const auto adam = xtrain::optim::Adam{}.lr(flags.lr);
+      const auto opt = Optimizer{}.lr(flags.lr);
       return std::vector<xtrain::profile::MemoryEstimate>{
-          xtrain::profile::estimate_memory<xtrain::FullPrecision>(m, adam, batch_per_rank, memory),
-          xtrain::profile::estimate_memory<xtrain::MixedPrecision<xtrain::bf16>>(m, adam, batch_per_rank, memory),
-          xtrain::profile::estimate_memory<xtrain::MixedPrecision<xtrain::fp16>>(m, adam, batch_per_rank, memory)};
+          xtrain::profile::estimate_memory<xtrain::FullPrecision>(m, opt, batch_per_rank, memory),
+          xtrain::profile::estimate_memory<xtrain::MixedPrecision<xtrain::bf16>>(m, opt, batch_per_rank, memory),
+          xtrain::profile::estimate_memory<xtrain::MixedPrecision<xtrain::fp16>>(m, opt, batch_per_rank, memory)};
     }();
     if (main_process)
       std::printf(
-          "Estimated memory per process (Adam; the data set itself, %.1f MiB, not counted; 16-bit runs keep no "
+          "Estimated memory per process (%s; the data set itself, %.1f MiB, not counted; 16-bit runs keep no "
           "16-bit weight copies: the GEMMs round the fp32 weights as they pack them):\n%s",
-          static_cast<double>((train.size() + test.size()) * (features + 1) * 4) / (1 << 20),
+          Optimizer::name, static_cast<double>((train.size() + test.size()) * (features + 1) * 4) / (1 << 20),
           xtrain::profile::memory_table(all, batch_per_rank, memory).c_str());
     if (!flags.verify_memory) return 0;
     if (ranks > 1) {
@@ -197,15 +201,15 @@ int run_training(const Flags& flags) {
                 flags.data.c_str(), train.size(), test.size(), train.feature_count(), train.num_classes());
     std::printf("%s\n", model.describe().c_str());
   }
-  xtrain::Trainer<decltype(model), xtrain::optim::Adam, Precision, xtrain::parallel::MpiAllReduce,
-                  xtrain::backend::CpuThreads>
-      trainer{std::move(model), xtrain::optim::Adam{}.lr(flags.lr), options, std::move(comm)};
+  xtrain::Trainer<decltype(model), Optimizer, Precision, xtrain::parallel::MpiAllReduce, xtrain::backend::CpuThreads>
+      trainer{std::move(model), Optimizer{}.lr(flags.lr), options, std::move(comm)};
   if (main_process) {
     std::printf(
-        "Adam lr %g%s | %zu process%s (launcher: %s) | global batch %zu%s | %zu epochs | seed %llu | "
+        "%s lr %g%s | %zu process%s (launcher: %s) | global batch %zu%s | %zu epochs | seed %llu | "
         "precision %s | gradients sent as %s%s\n",
-        flags.lr * (flags.scale_lr ? static_cast<float>(ranks) : 1.0f), flags.scale_lr ? " (scaled)" : "", ranks,
-        ranks == 1 ? "" : "es", xtrain::parallel::launch_info().launcher, trainer.global_batch_size(),
+        Optimizer::name, flags.lr * (flags.scale_lr ? static_cast<float>(ranks) : 1.0f),
+        flags.scale_lr ? " (scaled)" : "", ranks, ranks == 1 ? "" : "es", xtrain::parallel::launch_info().launcher,
+        trainer.global_batch_size(),
         flags.accumulate > 1 ? (" x " + std::to_string(flags.accumulate) + " accumulated").c_str() : "", flags.epochs,
         static_cast<unsigned long long>(flags.seed), Precision::name,
         flags.compress == "none" ? "fp32" : flags.compress.c_str(),
@@ -272,6 +276,9 @@ int main(int argc, char** argv) {
   xtrain::parallel::MpiEnvironment env{argc, argv};
   return env.run([&] {
     const Flags flags = parse(argc, argv);
-    return example::with_precision(flags.precision, [&]<class Precision>() { return run_training<Precision>(flags); });
+    return example::with_precision(flags.precision, [&]<class Precision>() {
+      if (flags.optimizer == "adam8bit") return run_training<Precision, xtrain::optim::Adam8bit>(flags);
+      return run_training<Precision, xtrain::optim::Adam>(flags);
+    });
   });
 }

@@ -42,6 +42,7 @@
 #include "xtrain/loss/loss.hpp"
 #include "xtrain/loss/mse.hpp"
 #include "xtrain/optim/adam.hpp"
+#include "xtrain/optim/adam8bit.hpp"
 #include "xtrain/optim/clip.hpp"
 #include "xtrain/optim/param_groups.hpp"
 #include "xtrain/optim/schedule.hpp"

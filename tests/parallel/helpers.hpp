@@ -38,31 +38,34 @@ inline auto nested() {
       layers::Dropout{0.2f}, layers::Sequential{layers::Linear{32, 10}, layers::Dropout{0.1f}}};
 }
 
-/// Trains `make_model()` with Adam (lr 2e-3) on `ranks` threads for one epoch of `train`,
+/// Trains `make_model()` with `opt` (Adam, lr 2e-3) on `ranks` threads for one epoch of `train`,
 /// evaluated on `test`; calls `on_rank0(trainer, history)` on rank 0.
-template <class MakeModel, class OnRank0>
+template <class MakeModel, class OnRank0, class Optimizer = optim::Adam>
 void train_threads(std::size_t ranks, TrainingOptions options, MakeModel make_model, const data::TensorDataset& train,
-                   const data::TensorDataset& test, OnRank0 on_rank0) {
+                   const data::TensorDataset& test, OnRank0 on_rank0, Optimizer opt = optim::Adam{}.lr(2e-3f)) {
   std::mutex m;
   options.epochs(1).verbose(false);  // before the ranks start: they share `options`
   parallel::launch_threads(ranks, [&](parallel::ThreadAllReduce& comm) {
-    Trainer<decltype(make_model()), optim::Adam, FullPrecision, parallel::ThreadAllReduce> t{
-        make_model(), optim::Adam{}.lr(2e-3f), options, comm};
+    Trainer<decltype(make_model()), Optimizer, FullPrecision, parallel::ThreadAllReduce> t{make_model(), opt, options,
+                                                                                           comm};
     const History h = t.fit(train, test);
     std::lock_guard lock(m);
     if (comm.rank() == 0) on_rank0(t, h);
   });
 }
 
-/// Trains on `ranks` threads for one epoch of train3200(); returns rank 0's parameters.
-template <class MakeModel>
+/// Trains on `ranks` threads for one epoch of train3200() with `opt`; returns rank 0's parameters.
+template <class MakeModel, class Optimizer = optim::Adam>
 std::vector<float> train_on(std::size_t ranks, TrainingOptions options, MakeModel make_model,
-                            std::vector<EpochMetrics>* metrics = nullptr) {
+                            std::vector<EpochMetrics>* metrics = nullptr, Optimizer opt = optim::Adam{}.lr(2e-3f)) {
   std::vector<float> params;
-  train_threads(ranks, options, make_model, train3200(), test500(), [&](auto& t, const History& h) {
-    params.assign(t.params().values().begin(), t.params().values().end());
-    if (metrics) *metrics = h.epochs;
-  });
+  train_threads(
+      ranks, options, make_model, train3200(), test500(),
+      [&](auto& t, const History& h) {
+        params.assign(t.params().values().begin(), t.params().values().end());
+        if (metrics) *metrics = h.epochs;
+      },
+      opt);
   return params;
 }
 

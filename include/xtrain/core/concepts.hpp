@@ -115,9 +115,10 @@ concept HasOptimizerName = requires {
   { O::name } -> std::convertible_to<const char*>;
 };
 namespace detail {
-/// Stands for what visit_state is given: a callable on each per-element state vector.
+/// Stands for what visit_state is given: a callable on each state vector.
 struct StateVectorArchetype {
   void operator()(AlignedVector&) const {}
+  void operator()(ByteVector&) const {}
 };
 /// Stands for the Boost archive a State is saved to and loaded from (for the Optimizer concept).
 struct ArchiveArchetype {
@@ -147,12 +148,15 @@ concept HasSerializableState = HasOptimizerState<O> && std::default_initializabl
 
 /// Optimizer: a static `name` (checkpoints record it), a nested `State` (default-constructible,
 /// copyable, serializable with Boost: `template <class Ar> void serialize(Ar&, unsigned)`), a
-/// static `visit_state(State&, f)` calling f on each of its per-element AlignedVectors (the
-/// sharded step and checkpoints split and gather the state through it), `init(n) -> State` for n
+/// static `visit_state(State&, f)` calling f on each of its state vectors, AlignedVector or
+/// ByteVector (the sharded step and checkpoints split and gather the state through it: a vector
+/// of the whole state is the ranks' vectors one after the other), `init(n) -> State` for n
 /// elements, const `step(params, grads, state, info)` over a range of the flat buffers, and
 /// `learning_rate()` (the base learning rate). `step` must be element-wise: the engine calls it
 /// on sub-ranges (state at `info.state_offset`), concurrently on several threads with
-/// backend::CpuThreads; an update that needs a norm over a tensor (LAMB, LARS) does not fit.
+/// backend::CpuThreads; an update that needs a norm over a tensor (LAMB, LARS) does not fit. An
+/// optimizer whose state is quantized per block of the arena steps whole blocks instead
+/// (optim::BlockOptimizer, optim/param_groups.hpp: Adam8bit).
 template <class O>
 concept Optimizer = HasOptimizerName<O> && HasOptimizerInit<O> && HasOptimizerStep<O> && HasLearningRate<O> &&
     HasSerializableState<O> && HasStateVisit<O>;

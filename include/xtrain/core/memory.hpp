@@ -268,4 +268,6 @@ namespace xtrain {
 /// Aligned fp32 storage (memory::Allocator: counted, from a resource) for the parameter arena and
 /// the optimizer state.
 using AlignedVector = std::vector<float, memory::Allocator<float>>;
+/// Bytes from memory::Allocator: the 8-bit optimizers' quantized state.
+using ByteVector = std::vector<std::uint8_t, memory::Allocator<std::uint8_t>>;
 }  // namespace xtrain

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <sstream>
 #include <string>
@@ -71,46 +72,64 @@ class AdamBase {
   ///   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g^2
   ///   p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
   void step(std::span<float> params, std::span<const float> grads, State& state, const StepInfo& info) const {
-    using B = simd::batch<float>;
-    constexpr std::size_t w = B::size;
-    const double t = static_cast<double>(info.step);
-    const double bias_correction1 = 1.0 - std::pow(static_cast<double>(beta1_), t);
-    const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(static_cast<double>(beta2_), t));
-    const float step_size = static_cast<float>(info.lr / bias_correction1);
-    const float bc2_sqrt = static_cast<float>(bias_correction2_sqrt);
-    const float b1 = beta1_, b2 = beta2_, c1 = 1.0f - beta1_, c2 = 1.0f - beta2_, eps = eps_;
-    const float wd = weight_decay_ * info.weight_decay_scale, decay = 1.0f - info.lr * wd;
+    const Coefficients k = coefficients(info.lr, info.step, info.weight_decay_scale);
     float* p = params.data();
     const float* g = grads.data();
     float* m = state.exp_avg.data() + info.state_offset;
     float* v = state.exp_avg_sq.data() + info.state_offset;
     const std::size_t n = params.size();
-    std::size_t i = 0;
-    for (; i + w <= n; i += w) {
-      B pi = B::load_unaligned(p + i), gi = B::load_unaligned(g + i);
-      if constexpr (Decoupled) {
-        if (wd != 0.0f) pi = pi * B(decay);
-      } else {
-        if (wd != 0.0f) gi = xsimd::fma(B(wd), pi, gi);
-      }
-      const B mi = xsimd::fma(B(c1), gi, B::load_unaligned(m + i) * B(b1));
-      const B vi = xsimd::fma(B(c2), gi * gi, B::load_unaligned(v + i) * B(b2));
-      mi.store_unaligned(m + i);
-      vi.store_unaligned(v + i);
-      const B denom = xsimd::sqrt(vi) / B(bc2_sqrt) + B(eps);
-      (pi - B(step_size) * (mi / denom)).store_unaligned(p + i);
-    }
-    for (; i < n; ++i) {
+    const std::size_t whole = n - n % simd::batch<float>::size;  // SIMD batches, then the tail
+    for (std::size_t i = 0; i < whole; i += simd::batch<float>::size) update(k, p + i, g + i, m + i, v + i);
+    for (std::size_t i = whole; i < n; ++i) {
       float pi = p[i], gi = g[i];
       if constexpr (Decoupled) {
-        if (wd != 0.0f) pi *= decay;
+        if (k.wd != 0.0f) pi *= k.decay;
       } else {
-        if (wd != 0.0f) gi += wd * pi;
+        if (k.wd != 0.0f) gi += k.wd * pi;
       }
-      m[i] = b1 * m[i] + c1 * gi;
-      v[i] = b2 * v[i] + c2 * gi * gi;
-      p[i] = pi - step_size * (m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps));
+      m[i] = k.b1 * m[i] + k.c1 * gi;
+      v[i] = k.b2 * v[i] + k.c2 * gi * gi;
+      p[i] = pi - k.step_size * (m[i] / (std::sqrt(v[i]) / k.bc2_sqrt + k.eps));
     }
+  }
+
+  /// The numbers of one step's update (the learning rate after the schedule and the group's
+  /// multiplier, the 1-based step count, the group's weight-decay multiplier).
+  struct Coefficients {
+    float step_size, bc2_sqrt, b1, b2, c1, c2, eps, wd, decay;
+  };
+  Coefficients coefficients(float lr, std::uint64_t step, float weight_decay_scale) const {
+    const double t = static_cast<double>(step);
+    const double bias_correction1 = 1.0 - std::pow(static_cast<double>(beta1_), t);
+    const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(static_cast<double>(beta2_), t));
+    const float wd = weight_decay_ * weight_decay_scale;
+    return {static_cast<float>(lr / bias_correction1),
+            static_cast<float>(bias_correction2_sqrt),
+            beta1_,
+            beta2_,
+            1.0f - beta1_,
+            1.0f - beta2_,
+            eps_,
+            wd,
+            1.0f - lr * wd};
+  }
+  /// The update of one SIMD batch of parameters `p`, gradients `g` and moments `m`, `v` (the
+  /// loop body of step(); the 8-bit optimizers call it too, so that their fp32 parts update
+  /// bitwise as Adam's).
+  static void update(const Coefficients& k, float* p, const float* g, float* m, float* v) {
+    using B = simd::batch<float>;
+    B pi = B::load_unaligned(p), gi = B::load_unaligned(g);
+    if constexpr (Decoupled) {
+      if (k.wd != 0.0f) pi = pi * B(k.decay);
+    } else {
+      if (k.wd != 0.0f) gi = xsimd::fma(B(k.wd), pi, gi);
+    }
+    const B mi = xsimd::fma(B(k.c1), gi, B::load_unaligned(m) * B(k.b1));
+    const B vi = xsimd::fma(B(k.c2), gi * gi, B::load_unaligned(v) * B(k.b2));
+    mi.store_unaligned(m);
+    vi.store_unaligned(v);
+    const B denom = xsimd::sqrt(vi) / B(k.bc2_sqrt) + B(k.eps);
+    (pi - B(k.step_size) * (mi / denom)).store_unaligned(p);
   }
 
  protected:

@@ -162,6 +162,81 @@ inline void restore_param_groups(std::vector<GroupScales>& scales, const ParamAr
       if (s.name == g.name) g = s;
 }
 
+/// One parameter's elements as an optimizer that steps whole blocks of the arena sees them
+/// (Adam8bit): [begin, end) (its alignment padding included, so every run is a whole number of
+/// 16-element units), its group, whether its state is kept in fp32 and, if so, the number of
+/// fp32-kept arena elements before it (its place in the compact fp32 state).
+struct BlockRun {
+  std::size_t begin = 0, end = 0, group = 0, kept_index = 0;
+  bool kept = false;
+};
+
+/// What an optimizer that steps whole blocks is given for the arena range [begin, end) (begin a
+/// multiple of its block; end one too, or the end of the range it keeps state for): the step's
+/// learning rate and count, where its state starts in the arena (`state_begin`) and in the
+/// compact fp32 state (`kept_base`), the parameters' runs and the groups' multipliers.
+struct BlockStep {
+  float lr = 0.0f;
+  std::uint64_t step = 1;
+  std::size_t begin = 0, end = 0, state_begin = 0, kept_base = 0;
+  std::span<const BlockRun> runs;
+  std::span<const GroupScales> scales;
+};
+
+/// An optimizer whose state is quantized per block of `block` arena elements (Adam8bit): it says
+/// which parameters keep fp32 state, makes its state for an arena range, and steps whole blocks.
+/// The arena is then sharded at multiples of its block, and its pass is split between threads at
+/// block boundaries.
+template <class O>
+concept BlockOptimizer = requires(const O& o, const ParamEntry& e, const ParamArena& arena, std::span<float> p,
+                                  std::span<const float> g, typename O::State& s, const BlockStep& info) {
+  { O::block } -> std::convertible_to<std::size_t>;
+  { o.keeps_fp32(e) } -> std::same_as<bool>;
+  { o.init(arena, std::size_t{}, std::size_t{}) } -> std::same_as<typename O::State>;
+  o.step_blocks(p, g, s, info);
+};
+
+/// Arena elements a sharded optimizer's blocks must be a multiple of: its block for a
+/// BlockOptimizer, else 1.
+template <class O>
+constexpr std::size_t state_granule() noexcept {
+  if constexpr (BlockOptimizer<O>)
+    return O::block;
+  else
+    return 1;
+}
+
+/// The optimizer state for the arena range [begin, end) this rank steps.
+template <class O>
+typename O::State init_state(const O& optimizer, const ParamArena& arena, std::size_t begin, std::size_t end) {
+  if constexpr (BlockOptimizer<O>)
+    return optimizer.init(arena, begin, end);
+  else
+    return optimizer.init(end - begin);
+}
+
+/// The runs of a BlockOptimizer over `arena`, in arena order.
+template <class O>
+std::vector<BlockRun> block_runs(const O& optimizer, const ParamArena& arena) {
+  std::vector<BlockRun> runs;
+  std::size_t kept = 0;
+  for (const auto& e : arena.entries()) {
+    const std::size_t padded = (e.size + ParamArena::alignment - 1) / ParamArena::alignment * ParamArena::alignment;
+    const bool k = optimizer.keeps_fp32(e);
+    runs.push_back({e.offset, e.offset + padded, e.group, kept, k});
+    if (k) kept += padded;
+  }
+  return runs;
+}
+
+/// The fp32-kept elements of `runs` before arena element `at`.
+inline std::size_t kept_before(std::span<const BlockRun> runs, std::size_t at) noexcept {
+  std::size_t n = 0;
+  for (const auto& r : runs)
+    if (r.kept && r.begin < at) n += std::min(r.end, at) - r.begin;
+  return n;
+}
+
 /// Elements per part of the optimizer's pass and of zero_grads when split over threads.
 inline constexpr std::size_t arena_grain = std::size_t{1} << 15;
 
@@ -179,6 +254,12 @@ class ArenaGroups {
   /// Puts the parameters of `arena` in the groups of `rules` (first match; else the default).
   ArenaGroups(ParamArena& arena, const std::vector<ParamGroup>& rules)
       : scales_(assign_param_groups(arena, rules)), segments_(group_segments(arena)) {}
+  /// The same, for `optimizer`'s pass (a BlockOptimizer's runs).
+  template <class Optimizer>
+  ArenaGroups(ParamArena& arena, const std::vector<ParamGroup>& rules, const Optimizer& optimizer)
+      : ArenaGroups(arena, rules) {
+    if constexpr (BlockOptimizer<Optimizer>) runs_ = block_runs(optimizer, arena);
+  }
 
   /// The groups' multipliers in force, the default group first.
   const std::vector<GroupScales>& scales() const noexcept { return scales_; }
@@ -192,9 +273,24 @@ class ArenaGroups {
   /// sharded: `state` starts at `begin`), the group's multipliers applied; each pass split over
   /// `e`'s threads at multiples of 64 elements from its start, so every element gets the SIMD/tail
   /// split it gets on one thread.
+  /// A BlockOptimizer (made with it) steps whole blocks instead, split between threads at block
+  /// boundaries: every block is computed as on one thread.
   template <class Optimizer>
   void step(const Optimizer& optimizer, typename Optimizer::State& state, ParamArena& arena, std::size_t begin,
             std::size_t end, float lr, std::uint64_t step, backend::Executor* e) const {
+    if constexpr (BlockOptimizer<Optimizer>) {
+      constexpr std::size_t block = Optimizer::block;
+      XTRAIN_CHECK(runs_.size() == arena.entries().size(), ValueError, "ArenaGroups: made without the optimizer ",
+                   Optimizer::name, " (it steps whole blocks)");
+      const std::size_t blocks = (end - begin + block - 1) / block, kept_base = kept_before(runs_, begin);
+      backend::parallel_for(
+          e, blocks, std::max<std::size_t>(1, arena_grain / block), [&](std::size_t k0, std::size_t k1) {
+            optimizer.step_blocks(arena.values(), arena.grads(), state,
+                                  BlockStep{lr, step, begin + k0 * block, std::min(begin + k1 * block, end), begin,
+                                            kept_base, runs_, scales_});
+          });
+      return;
+    }
     for (const GroupSegment& seg : segments_) {
       const std::size_t b = std::max(seg.begin, begin), last = std::min(seg.end, end);
       if (b >= last) continue;
@@ -209,6 +305,7 @@ class ArenaGroups {
  private:
   std::vector<GroupScales> scales_;
   std::vector<GroupSegment> segments_;
+  std::vector<BlockRun> runs_;  // a BlockOptimizer's
 };
 
 }  // namespace xtrain::optim

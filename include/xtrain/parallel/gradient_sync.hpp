@@ -50,9 +50,10 @@ struct ArenaRange {
 ///  - `owned()`: the arena elements this rank steps and keeps optimizer state for;
 ///  - statistics (`stats`, `reset_stats`, `bucket_count`) and profiling (`set_profiler`).
 /// Besides, as member templates: `attach(model)` (once, after construction: move buffers where
-/// the communicator wants them), `with_full_state<Optimizer>(state, f)` and
-/// `take_state<Optimizer>(full)` (the optimizer state in the rank-count-independent layout of a
-/// checkpoint, and back).
+/// the communicator wants them), `with_full_state<Optimizer>(state, make_full, f)` and
+/// `take_state<Optimizer>(full, mine)` (the optimizer state in the rank-count-independent layout
+/// of a checkpoint, and back; make_full() makes the state of the unpadded arena, `mine` is this
+/// rank's state as made, giving the shape of its part).
 template <class S>
 concept GradientSync = requires(S& s, const S& cs, Context& ctx, bool flag, std::span<float> grads,
                                 profile::Profiler* profiler) {

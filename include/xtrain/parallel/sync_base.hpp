@@ -29,12 +29,12 @@ class SyncBase {
   void reset_stats() noexcept { buckets_.reset_stats(); }
 
   /// The whole optimizer state on every rank: a checkpoint's layout is the state itself.
-  template <class Optimizer, class F>
-  void with_full_state(typename Optimizer::State& state, F&& f) {
+  template <class Optimizer, class MakeFull, class F>
+  void with_full_state(typename Optimizer::State& state, MakeFull&&, F&& f) {
     f(state);
   }
   template <class Optimizer>
-  typename Optimizer::State take_state(typename Optimizer::State full) {
+  typename Optimizer::State take_state(typename Optimizer::State full, typename Optimizer::State) {
     return full;
   }
 

@@ -33,12 +33,13 @@ struct SyncChoice {
   std::size_t deterministic_chunk = 0;   ///< > 0: TreeSync with chunks of this many samples
   std::size_t global_batch = 0;          ///< samples per global step (TreeSync's chunks)
   bool shard_optimizer = false;          ///< ShardedSync (on more than one rank)
+  std::size_t state_granule = 1;         ///< the optimizer's state blocks (optim::state_granule)
 
   /// Whether the optimizer step is sharded over `ranks` ranks.
   bool sharded(std::size_t ranks) const noexcept { return shard_optimizer && ranks > 1; }
   /// What the parameter arena's size must be a multiple of (ShardedSync's equal blocks).
   std::size_t arena_multiple(std::size_t ranks) const noexcept {
-    return shard_optimizer ? shard_multiple(ranks) : ParamArena::alignment;
+    return shard_optimizer ? shard_multiple(ranks, state_granule) : ParamArena::alignment;
   }
 };
 

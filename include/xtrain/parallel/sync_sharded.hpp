@@ -12,7 +12,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "xtrain/core/context.hpp"
@@ -28,8 +30,11 @@
 namespace xtrain::parallel {
 
 /// What the parameter arena's size must be a multiple of when sharded over `ranks` ranks: equal
-/// blocks, each starting on an alignment boundary.
-inline std::size_t shard_multiple(std::size_t ranks) noexcept { return ranks * ParamArena::alignment; }
+/// blocks, each starting on an alignment boundary and on a multiple of `granule` (the blocks an
+/// optimizer quantizes its state in, optim::state_granule).
+inline std::size_t shard_multiple(std::size_t ranks, std::size_t granule = 1) noexcept {
+  return ranks * std::max(ParamArena::alignment, granule);
+}
 
 template <Communicator C>
 class ShardedSync : public detail::SyncBase<C> {
@@ -104,36 +109,29 @@ class ShardedSync : public detail::SyncBase<C> {
     buckets_.count_blocking(waited_, stepped ? 2 : 1);
   }
 
-  /// Calls f(state) with the full optimizer state (each vector the arena's natural size),
-  /// gathered from every rank's block. Collective.
-  template <class Optimizer, class F>
-  void with_full_state(typename Optimizer::State& mine, F&& f) {
-    const memory::Use use(*memory_);  // the copy of the state the optimizer's type makes
-    typename Optimizer::State full = mine;
-    std::vector<AlignedVector*> blocks, fulls;
-    Optimizer::visit_state(mine, [&](AlignedVector& v) { blocks.push_back(&v); });
-    Optimizer::visit_state(full, [&](AlignedVector& v) { fulls.push_back(&v); });
-    AlignedVector gathered(arena_->size(), 0.0f, memory::Allocator<float>(memory_));
-    for (std::size_t i = 0; i < blocks.size(); ++i) {
-      std::copy(blocks[i]->begin(), blocks[i]->end(), gathered.begin() + static_cast<std::ptrdiff_t>(offset_));
-      comm_->allgather_blocks(gathered, "gather optimizer state");
-      fulls[i]->assign(gathered.begin(), gathered.begin() + static_cast<std::ptrdiff_t>(arena_->natural_size()));
-    }
+  /// Calls f(state) with the full optimizer state, gathered from every rank's part: each state
+  /// vector of the full state (`make_full()`, the optimizer's state for the unpadded arena) is
+  /// the ranks' vectors one after the other, cut to its length. Collective.
+  template <class Optimizer, class MakeFull, class F>
+  void with_full_state(typename Optimizer::State& mine, MakeFull&& make_full, F&& f) {
+    const memory::Use use(*memory_);  // the state's copy and the buffers
+    typename Optimizer::State full = make_full();
+    const std::vector<Part> parts = parts_of<Optimizer>(mine), wholes = parts_of<Optimizer>(full);
+    for (std::size_t i = 0; i < parts.size(); ++i) gather(parts[i], wholes[i]);
     f(full);
   }
 
-  /// This rank's block of a full state in the natural layout (a checkpoint's).
+  /// The state this rank keeps (shaped as `mine`: the optimizer's state for its block), cut from
+  /// a full state in a checkpoint's layout (zeros where it is shorter). Collective.
   template <class Optimizer>
-  typename Optimizer::State take_state(typename Optimizer::State full) {
-    const memory::Use use(*memory_);
-    typename Optimizer::State mine = full;
-    std::vector<AlignedVector*> fulls, blocks;
-    Optimizer::visit_state(full, [&](AlignedVector& v) { fulls.push_back(&v); });
-    Optimizer::visit_state(mine, [&](AlignedVector& v) { blocks.push_back(&v); });
-    for (std::size_t i = 0; i < fulls.size(); ++i) {
-      fulls[i]->resize(arena_->size(), 0.0f);  // natural -> padded
-      blocks[i]->assign(fulls[i]->begin() + static_cast<std::ptrdiff_t>(offset_),
-                        fulls[i]->begin() + static_cast<std::ptrdiff_t>(offset_ + block_));
+  typename Optimizer::State take_state(typename Optimizer::State full, typename Optimizer::State mine) {
+    const std::vector<Part> parts = parts_of<Optimizer>(mine), wholes = parts_of<Optimizer>(full);
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      const Part& p = parts[i];
+      const std::size_t bytes = p.count * p.elem, from = offsets(p)[comm_->rank()] * p.elem,
+                        whole = wholes[i].count * p.elem, n = from < whole ? std::min(bytes, whole - from) : 0;
+      if (n) std::memcpy(p.data, wholes[i].data + from, n);
+      if (bytes > n) std::memset(p.data + n, 0, bytes - n);  // (an empty vector's data() may be null)
     }
     return mine;
   }
@@ -141,6 +139,58 @@ class ShardedSync : public detail::SyncBase<C> {
   void set_profiler(profile::Profiler* p) { labels_.attach(p); }
 
  private:
+  // A state vector as bytes: its elements, their count and size, whether they are floats.
+  struct Part {
+    std::byte* data;
+    std::size_t count, elem;
+    bool floats;
+  };
+  template <class Optimizer>
+  static std::vector<Part> parts_of(typename Optimizer::State& s) {
+    std::vector<Part> parts;
+    Optimizer::visit_state(s, [&](auto& v) {
+      using T = typename std::remove_cvref_t<decltype(v)>::value_type;
+      static_assert(std::is_trivially_copyable_v<T>);
+      parts.push_back({reinterpret_cast<std::byte*>(v.data()), v.size(), sizeof(T), std::is_same_v<T, float>});
+    });
+    return parts;
+  }
+  // Where each rank's part starts in the full vector (in elements), the total last.
+  std::vector<std::size_t> offsets(const Part& p) {
+    std::vector<double> counts(comm_->size(), 0.0);
+    counts[comm_->rank()] = static_cast<double>(p.count);
+    comm_->allreduce_sum(std::span<double>(counts), "optimizer state sizes");
+    std::vector<std::size_t> at(counts.size() + 1, 0);
+    for (std::size_t r = 0; r < counts.size(); ++r) at[r + 1] = at[r] + static_cast<std::size_t>(counts[r]);
+    return at;
+  }
+  // Fills `whole` with the ranks' parts in rank order: equal parts are all-gathered as raw bits
+  // (allgather_blocks copies), unequal ones (fp32 only) summed into zeros.
+  void gather(const Part& mine, const Part& whole) {
+    const std::vector<std::size_t> at = offsets(mine);
+    const std::size_t ranks = comm_->size(), total = at.back() * mine.elem, want = whole.count * mine.elem;
+    bool equal = true;
+    for (std::size_t r = 0; r < ranks; ++r) equal = equal && at[r + 1] - at[r] == mine.count;
+    if (equal) {
+      const std::size_t bytes = mine.count * mine.elem, floats = (bytes + sizeof(float) - 1) / sizeof(float);
+      AlignedVector buffer(floats * ranks, 0.0f, memory::Allocator<float>(memory_));
+      auto* b = reinterpret_cast<std::byte*>(buffer.data());
+      if (bytes) std::memcpy(b + comm_->rank() * floats * sizeof(float), mine.data, bytes);
+      comm_->allgather_blocks(buffer, "gather optimizer state");
+      for (std::size_t r = 0, done = 0; bytes && r < ranks && done < want; ++r, done += bytes)
+        std::memcpy(whole.data + done, b + r * floats * sizeof(float), std::min(bytes, want - done));
+    } else {
+      XTRAIN_CHECK(mine.floats, ValueError,
+                   "ShardedSync: optimizer state vectors of other than float must have "
+                   "the same length on every rank");
+      AlignedVector buffer(at.back(), 0.0f, memory::Allocator<float>(memory_));
+      if (mine.count) std::memcpy(buffer.data() + at[comm_->rank()], mine.data, mine.count * sizeof(float));
+      comm_->allreduce_sum(std::span<float>(buffer), "gather optimizer state");
+      if (std::min(total, want)) std::memcpy(whole.data, buffer.data(), std::min(total, want));
+    }
+    if (want > total) std::memset(whole.data + total, 0, want - total);
+  }
+
   memory::Resource* memory_;
   std::size_t block_, offset_;
   double waited_ = 0.0;  // this step's blocking communication, in seconds

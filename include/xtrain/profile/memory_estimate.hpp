@@ -170,7 +170,7 @@ DryRun dry_run(const Model& model, const Optimizer& optimizer, std::size_t batch
     r.parameters = r.gradients = static_cast<std::int64_t>(n * sizeof(float));
     {
       const std::int64_t before = memory::counters().live;  // optimizer state is AlignedVector: counted
-      probe = optimizer.init(n);
+      probe = optim::init_state(optimizer, engine.params(), 0, n);
       r.optimizer = memory::counters().live - before;
     }
     probe = {};

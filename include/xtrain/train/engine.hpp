@@ -65,8 +65,8 @@ class Engine {
         memory_(&backend::memory_of(backend_)),
         arena_(adopt_model(model_, sync_choice().arena_multiple(comm_.size()), *memory_)),
         sync_(parallel::make_sync(sync_choice(), comm_, arena_, *memory_)),
-        state_(in_memory([&] { return optimizer_.init(owned().size()); })),
-        groups_(arena_, options_.param_groups()),
+        state_(in_memory([&] { return optim::init_state(optimizer_, arena_, owned().begin, owned().end); })),
+        groups_(arena_, options_.param_groups(), optimizer_),
         loss_(std::move(loss)),
         scaling_(options_.loss_scale(), options_.loss_scale_growth_interval()),
         cast_(*memory_),
@@ -208,7 +208,8 @@ class Engine {
     position.data_seed = options_.seed();
     position.record(loss_scaler(), uses_loss_scaling, groups_.scales(), arena_);
     with_sync([&](auto& s) {
-      s.template with_full_state<Optimizer>(state_, [&](typename Optimizer::State& full) {
+      const auto make_full = [&] { return optim::init_state(optimizer_, arena_, 0, arena_.natural_size()); };
+      s.template with_full_state<Optimizer>(state_, make_full, [&](typename Optimizer::State& full) {
         in_memory([&] {  // (the registered objects' serialize is code the engine does not own)
           checkpoint::save_training_state(comm_, dir, model_, arena_, optimizer_, full, options_.schedule(), position,
                                           objects);
@@ -225,7 +226,7 @@ class Engine {
     checkpoint::Position p = in_memory([&] {
       return checkpoint::load_training_state<Model, Optimizer>(comm_, dir, model_, arena_, full, schedule, objects);
     });
-    state_ = with_sync([&](auto& s) { return s.template take_state<Optimizer>(std::move(full)); });
+    state_ = with_sync([&](auto& s) { return s.template take_state<Optimizer>(std::move(full), std::move(state_)); });
     groups_.restore(arena_, p.groups, p.param_group, dir + "/" + checkpoint::state_file_name);
     p.restore(loss_scaler(), uses_loss_scaling, options_.loss_scale());
     restore(p.step, p.data_seed, schedule);
@@ -333,7 +334,8 @@ class Engine {
     return o;
   }
   parallel::SyncChoice sync_choice() const {
-    return {options_.bucket_bytes(), options_.deterministic(), global_batch(), options_.shard_optimizer()};
+    return {options_.bucket_bytes(), options_.deterministic(), global_batch(), options_.shard_optimizer(),
+            optim::state_granule<Optimizer>()};
   }
   parallel::ArenaRange owned() const {
     return with_sync([](const auto& s) { return s.owned(); });
