@@ -36,6 +36,7 @@ struct Flags {
               profile_dir;
   std::size_t threads = 0;  // 0: the backend's default
   bool shard_optimizer = false;
+  std::string zero = "0";
 };
 
 constexpr const char* usage =
@@ -44,7 +45,7 @@ constexpr const char* usage =
     "           [--schedule constant|cosine] [--warmup N] [--seed N] [--threads N] [--precision fp32|bf16|fp16]\n"
     "           [--eval-every N] [--eval-iters N] [--project-dir DIR] [--resume latest|DIR]\n"
     "           [--export FILE] [--sample N] [--temperature X] [--top-k N] [--profile DIR]\n"
-    "           [--shard-optimizer] [--optimizer adamw|adamw8bit]\n"
+    "           [--zero 0|1|2] [--optimizer adamw|adamw8bit]\n"
     "  --corpus PATH     a text file, or a folder whose regular files are read in name order\n"
     "                    (*.dat, *.u8 and links skipped); default /usr/share/games/fortunes\n"
     "                    (Debian's fortunes package)\n"
@@ -74,8 +75,9 @@ constexpr const char* usage =
     "  --top-k N         sample among the N likeliest characters only (default 0: all)\n"
     "  --profile DIR     print where a step's time goes per layer (this run's steps 16-65), and\n"
     "                    write Chrome traces to DIR\n"
-    "  --shard-optimizer each process steps 1/P of the parameters and keeps 1/P of AdamW's state\n"
-    "                    (ZeRO stage 1; the same training)\n"
+    "  --zero S          ZeRO stage over the P processes (default 0; the same training): 1 each\n"
+    "                    steps 1/P of the parameters and keeps 1/P of AdamW's state (also\n"
+    "                    --shard-optimizer), 2 also keeps only 1/P of the gradients\n"
     "  --optimizer O     adamw (default) or adamw8bit: AdamW with its two moments in 8 bits per\n"
     "                    parameter (block-wise quantized; tensors under 4096 elements in fp32)\n";
 
@@ -108,6 +110,7 @@ Flags parse(int argc, char** argv) {
       .count("--top-k", f.top_k, true)
       .text("--profile", f.profile_dir)
       .toggle("--shard-optimizer", f.shard_optimizer)
+      .choice("--zero", f.zero, {"0", "1", "2"})
       .choice("--optimizer", f.optimizer, {"adamw", "adamw8bit"})
       .parse(argc, argv);
   if (f.embd % f.heads != 0)
@@ -118,6 +121,9 @@ Flags parse(int argc, char** argv) {
 }
 
 using clock_type = std::chrono::steady_clock;
+
+// --zero S, or 1 for --shard-optimizer.
+int zero_stage(const Flags& f) { return std::max(f.shard_optimizer ? 1 : 0, std::stoi(f.zero)); }
 
 // Saved with every checkpoint: the model's sizes and the corpus's characters. A resume with other
 // --heads (no parameter shape shows it) or another corpus (same vocabulary size, other characters)
@@ -210,7 +216,7 @@ int run(const Flags& flags) {
                      .threads(flags.threads)
                      .clip_grad_norm(flags.clip)
                      .param_groups({xtrain::optim::ParamGroup::no_weight_decay()})
-                     .shard_optimizer(flags.shard_optimizer)
+                     .zero_stage(zero_stage(flags))
                      .project_dir(flags.project_dir)
                      .verbose(false);
   if (flags.schedule == "cosine") {
@@ -313,6 +319,7 @@ int run(const Flags& flags) {
   if (main_process) {
     std::printf("Final val loss: %.4f\n", val_loss);
     std::printf("Total Training Time: %.2f seconds\n", total_seconds);
+    example::report_model_memory(trainer, parameters, options.zero_stage());
     if (ranks > 1) {
       const auto& stats = trainer.comm_stats();
       std::printf("Gradient communication: %zu bucket%s, %.3f s waiting, %.3f s overlapped with backward\n",

@@ -2,6 +2,8 @@
 // What the examples share: command-line parsing with clear errors (FlagParser), and the start-up
 // line naming the build's kernels.
 
+#include <sys/resource.h>  // getrusage
+
 #include <cerrno>
 #include <concepts>
 #include <cstdio>
@@ -176,6 +178,25 @@ void report_optimizer_state(Trainer& trainer, std::size_t parameters) {
       trainer.optimizer_state(), [&](const auto& v) { bytes += v.size() * sizeof(v[0]); });
   std::printf("optimizer state: %.2f MiB on this process (%.2f bytes per parameter)\n",
               static_cast<double>(bytes) / (1 << 20), static_cast<double>(bytes) / static_cast<double>(parameters));
+}
+
+/// After training: what this process holds of the model (parameters, the gradients it holds now,
+/// optimizer state) and its peak resident memory (getrusage).
+template <class Trainer>
+void report_model_memory(Trainer& trainer, std::size_t parameters, int zero_stage) {
+  std::size_t state = 0;
+  std::remove_cvref_t<decltype(trainer.optimizer())>::visit_state(
+      trainer.optimizer_state(), [&](const auto& v) { state += v.size() * sizeof(v[0]); });
+  const double weights = static_cast<double>(trainer.params().size() * sizeof(float)),
+               grads = static_cast<double>(trainer.gradient_bytes()), mib = 1 << 20;
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  std::printf(
+      "memory of this process (ZeRO stage %d): parameters %.2f MiB, gradients %.2f MiB, optimizer state %.2f MiB "
+      "(%.2f bytes per parameter); peak resident %.1f MiB\n",
+      zero_stage, weights / mib, grads / mib, static_cast<double>(state) / mib,
+      (weights + grads + static_cast<double>(state)) / static_cast<double>(parameters),
+      static_cast<double>(usage.ru_maxrss) / 1024.0);
 }
 
 inline void report_kernels(const std::string& precision) {

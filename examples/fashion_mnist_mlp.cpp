@@ -10,6 +10,7 @@
 // With --project-dir, SIGTERM, SIGINT or SIGUSR1 saves a checkpoint and exits with code 75
 // (xtrain::exit_code::interrupted); --resume latest continues bitwise where it stopped.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -39,13 +40,14 @@ struct Flags {
   std::size_t threads = 0;  // 0: the backend's default
   std::string profile_dir;
   std::size_t profile_steps = 200;
+  std::string zero = "0";
 };
 
 constexpr const char* usage =
     "usage: [mpirun -np P] fashion_mnist_mlp [--data DIR] [--epochs N] [--batch N | --global-batch N]\n"
     "           [--hidden N] [--activation relu|tanh|sigmoid|gelu|gelu_tanh|silu] [--lr X] [--seed N]\n"
     "           [--scale-lr] [--sync-bn] [--accumulate K] [--clip-norm X] [--shard-optimizer]\n"
-    "           [--optimizer adam|adam8bit]\n"
+    "           [--zero 0|1|2] [--optimizer adam|adam8bit]\n"
     "           [--deterministic CHUNK]\n"
     "           [--project-dir DIR [--checkpoint-every-steps K] [--total-limit L]] [--resume latest|DIR]\n"
     "           [--export FILE.safetensors] [--threads N] [--precision fp32|bf16|fp16] [--compress-grads bf16|fp16]\n"
@@ -66,6 +68,8 @@ constexpr const char* usage =
     "  --clip-norm X     clip the global gradient norm to X (default off)\n"
     "  --shard-optimizer each process steps 1/P of the parameters and keeps 1/P of Adam's state\n"
     "                    (ZeRO stage 1; the same training)\n"
+    "  --zero S          ZeRO stage (default 0): 1 is --shard-optimizer, 2 also keeps only 1/P of\n"
+    "                    the gradients (each bucket reduce-scattered during backward)\n"
     "  --optimizer O     adam (default) or adam8bit: Adam with its two moments in 8 bits per\n"
     "                    parameter (block-wise quantized; tensors under 4096 elements in fp32)\n"
     "  --deterministic CHUNK  bitwise the same training on 1, 2, 4, ... processes (gradients summed\n"
@@ -107,6 +111,7 @@ Flags parse(int argc, char** argv) {
       .count("--accumulate", f.accumulate)
       .number("--clip-norm", f.clip_norm)
       .toggle("--shard-optimizer", f.shard_optimizer)
+      .choice("--zero", f.zero, {"0", "1", "2"})
       .choice("--optimizer", f.optimizer, {"adam", "adam8bit"})
       .count("--deterministic", f.deterministic)
       .text("--project-dir", f.project_dir)
@@ -149,6 +154,7 @@ int run_training(const Flags& flags) {
     return nn::Sequential{nn::Linear{features, flags.hidden}, nn::BatchNorm1d{flags.hidden}.sync_stats(flags.sync_bn),
                           nn::Activation{activation}, nn::Linear{flags.hidden, classes}};
   };
+  const int zero = std::max(flags.shard_optimizer ? 1 : 0, std::stoi(flags.zero));
   xtrain::profile::PeakMeter meter;
   const std::size_t batch_per_rank =
       flags.global_batch ? flags.global_batch / ranks / flags.accumulate : flags.batch / flags.accumulate;
@@ -156,7 +162,8 @@ int run_training(const Flags& flags) {
   if (flags.estimate_memory) {
     const xtrain::profile::MemoryOptions memory{.sample_shape = xtrain::Shape{features},
                                                 .ranks = ranks,
-                                                .shard_optimizer = flags.shard_optimizer,
+                                                .shard_optimizer = zero >= 1,
+                                                .shard_gradients = zero >= 2,
                                                 .eval_batch = xtrain::TrainingOptions{}.eval_batch_size(),
                                                 .gradient_compression_bytes = flags.compress == "none" ? 4u : 2u,
                                                 .prefetch = xtrain::backend::resolve_threads(flags.threads) > 1};
@@ -192,7 +199,7 @@ int run_training(const Flags& flags) {
                            .scale_lr(flags.scale_lr)
                            .accumulate(flags.accumulate)
                            .clip_grad_norm(flags.clip_norm)
-                           .shard_optimizer(flags.shard_optimizer)
+                           .zero_stage(zero)
                            .deterministic(flags.deterministic)
                            .project_dir(flags.project_dir)
                            .total_limit(flags.total_limit);
@@ -258,6 +265,8 @@ int run_training(const Flags& flags) {
     std::printf("Final Train Accuracy: %.2f%%\n", last.train.accuracy);
     std::printf("Final Test Accuracy: %.2f%%\n", last.test.accuracy);
     std::printf("Total Training Time: %.2f seconds\n", history.seconds);
+    if (zero > 0 || flags.estimate_memory)
+      example::report_model_memory(trainer, trainer.params().parameter_count(), zero);
     if (!flags.export_path.empty()) std::printf("Exported the model to %s\n", flags.export_path.c_str());
     if (!flags.project_dir.empty())
       std::printf("Checkpoints in %s/checkpoints (continue with --resume latest)\n", flags.project_dir.c_str());

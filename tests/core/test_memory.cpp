@@ -2,15 +2,21 @@
 // from the C heap (not from operator new) sees every buffer, and a counting global operator new,
 // as a user of a custom allocator would install it, sees only small bookkeeping while warming up
 // and nothing at all once warm. (Not under the sanitizers: they replace the allocator.)
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <new>
+#include <span>
 #include <string>
 
 #include <catch2/catch.hpp>
+
+#if defined(__linux__)
+#include <unistd.h>  // sysconf
+#endif
 
 #include "../../examples/cnn_models.hpp"
 #include "support.hpp"
@@ -337,4 +343,25 @@ TEST_CASE("Host memory puts large blocks on 2 MiB boundaries for transparent hug
   static_cast<char*>(large)[(std::size_t{9} << 20) - 1] = 1;  // writable to its end
   host.deallocate(large, std::size_t{9} << 20);
   host.deallocate(small, 1 << 20);
+}
+
+TEST_CASE("PageBuffer: a released range reads as zeros and gives its whole pages back", "[memory][zero]") {
+  memory::PageBuffer b(std::size_t{1} << 16);  // 256 KiB
+  std::span<float> s = b.span();
+  REQUIRE(s.size() == std::size_t{1} << 16);
+  std::fill(s.begin(), s.end(), 1.0f);
+  const std::size_t all = b.resident_bytes();
+  b.release(100, 60000);  // partial pages at both ends
+#if defined(__linux__)
+  // (Counted before the values are read: a read maps the system's zero page, which mincore counts.)
+  REQUIRE(all == s.size() * sizeof(float));
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const std::size_t first = (100 * sizeof(float) + page - 1) / page * page, last = 60000 * sizeof(float) / page * page;
+  REQUIRE(b.resident_bytes() == all - (last - first));
+#endif
+  for (std::size_t i = 0; i < s.size(); ++i) REQUIRE(s[i] == (i >= 100 && i < 60000 ? 0.0f : 1.0f));
+  s[200] = 2.0f;  // written again
+  memory::PageBuffer moved = std::move(b);
+  REQUIRE(moved.span()[200] == 2.0f);
+  REQUIRE(b.size() == 0);  // NOLINT(bugprone-use-after-move): a moved-from buffer is empty
 }

@@ -336,6 +336,20 @@ TEST_CASE("MPI: the sharded step through shared memory equals the unsharded one"
   }
 }
 
+TEST_CASE("MPI: ZeRO-2 (each gradient bucket reduce-scattered, 1/N of the gradients kept) equals the unsharded step",
+          "[mpi]") {
+  const auto plain = train_with(with_shared_memory(true), TrainingOptions{}, true);
+  // Two buckets of 16 KiB (the first straddles the ranks' blocks); gradients in pages of their
+  // own, not in the node segment: MPI_Reduce_scatter adds a + b on 2 ranks, a tree on 4.
+  const auto zero2 =
+      train_with(with_shared_memory(true), TrainingOptions{}.zero_stage(2).bucket_bytes(16 << 10), false);
+  if (world_size() == 2)
+    REQUIRE(zero2 == plain);
+  else
+    REQUIRE(max_abs_diff(zero2, plain) < 1e-5f);
+  require_same_on_every_rank(zero2);
+}
+
 namespace {
 /// The nested residual model of the thread-rank tests (tests/parallel/helpers.hpp): a Linear, a
 /// residual block, a Dropout, and a block of a Linear and a second Dropout.

@@ -1,5 +1,6 @@
-// parallel/sync_sharded.hpp: the sharded optimizer step (ZeRO-1) on thread-ranks gives the parameters
-// of the unsharded one, and its state is saved whole and resumes unsharded on another rank count.
+// parallel/sync_sharded.hpp: the sharded optimizer step (ZeRO-1) and sharded gradients (ZeRO-2) on
+// thread-ranks give the parameters of the unsharded run, ZeRO-2 holds 1/N of the gradient memory,
+// and the sharded state is saved whole and resumes unsharded on another rank count.
 #include <filesystem>
 #include <stdexcept>
 #include <string>
@@ -41,6 +42,46 @@ TEST_CASE("Sharded optimizer step (ZeRO-1) gives the parameters of the unsharded
     REQUIRE(max_abs_diff(clipped, clipped_sharded) <= 1e-6f);  // the norm is summed in another order
     REQUIRE(max_abs_diff(clipped, plain) > 1e-4f);             // and clipping did act
   }
+}
+
+TEST_CASE("ZeRO-2 reduce-scatters each gradient bucket, keeps 1/N of the gradients, and gives the unsharded parameters",
+          "[parallel][zero]") {
+  const auto options = TrainingOptions{}.global_batch_size(64).clip_grad_norm(2.0);
+  for (const std::size_t ranks : {2u, 4u}) {
+    const auto plain = train_on(ranks, options, mlp);
+    // One bucket, and buckets of 16 KiB (the first layer's weight alone, the rest together) whose
+    // pieces straddle the ranks' blocks.
+    for (const std::size_t bucket : {std::size_t{25} << 20, std::size_t{16} << 10}) {
+      INFO(ranks << " ranks, buckets of " << bucket << " bytes");
+      std::size_t held = 0, arena = 0, buckets = 0;
+      std::vector<float> sharded;
+      train_threads(ranks, TrainingOptions{options}.zero_stage(2).bucket_bytes(bucket), mlp, train3200(), test500(),
+                    [&](auto& t, const History&) {
+                      sharded.assign(t.params().values().begin(), t.params().values().end());
+                      held = t.gradient_bytes();
+                      arena = t.params().size() * sizeof(float);
+                      buckets = t.bucket_count();
+                    });
+      REQUIRE(buckets == (bucket == 1u << 14 ? 2u : 1u));
+      // Same sums in the same order, the norm clipped per block: as ZeRO-1, within rounding.
+      REQUIRE(max_abs_diff(without_padding(sharded, plain.size()), plain) <= 1e-6f);
+      // Between steps a rank's gradient pages are its block (and at most a page at either end).
+      INFO("holds " << held << " of " << arena << " bytes");
+      REQUIRE(held <= arena / ranks + 2 * 4096);
+      REQUIRE(held >= arena / ranks - 4096);
+    }
+    // Unclipped: bitwise.
+    const auto unclipped = train_on(ranks, TrainingOptions{}.global_batch_size(64), mlp);
+    REQUIRE(without_padding(train_on(ranks, TrainingOptions{}.global_batch_size(64).zero_stage(2), mlp),
+                            unclipped.size()) == unclipped);
+  }
+  // Accumulation: the buckets are reduced every micro-step and added to the rank's block.
+  const auto accumulated = TrainingOptions{}.global_batch_size(64).accumulate(2);
+  const auto plain = train_on(2, accumulated, mlp);
+  REQUIRE(max_abs_diff(without_padding(train_on(2, TrainingOptions{accumulated}.zero_stage(2), mlp), plain.size()),
+                       plain) <= 1e-5f);
+  REQUIRE(TrainingOptions{}.zero_stage(2).shard_optimizer());
+  REQUIRE_THROWS_WITH(TrainingOptions{}.zero_stage(3), Catch::Contains("stage 3 (sharded parameters) is not"));
 }
 
 TEST_CASE("A sharded optimizer state is saved whole and resumes unsharded on another rank count",

@@ -21,13 +21,15 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #if defined(__linux__)
-#include <sys/mman.h>  // madvise
+#include <sys/mman.h>  // madvise, mmap, mincore
+#include <unistd.h>    // sysconf
 #endif
 
 #include "xtrain/core/error.hpp"
@@ -261,6 +263,105 @@ Resource& resource_of(const T* p) noexcept {
   const auto* block = reinterpret_cast<const std::byte*>(p) - sizeof(detail::BlockHeader);
   return *std::launder(reinterpret_cast<const detail::BlockHeader*>(block))->owner;
 }
+
+/// Floats in pages of their own, zero at first, whose ranges can be given back to the system:
+/// `release(begin, end)` zeroes them, and on Linux (an anonymous mapping, MADV_DONTNEED) the whole
+/// pages inside take no memory until written again. What ZeRO-2 keeps its gradients in: backward
+/// writes a bucket, the ranks reduce it, each releases what the others own. Elsewhere a plain
+/// aligned block whose release writes zeros. Not counted by counters() (not tensor storage).
+class PageBuffer {
+ public:
+  PageBuffer() = default;
+  /// `n` floats, all zero. Throws std::bad_alloc when the system has no room.
+  explicit PageBuffer(std::size_t n) : size_(n), bytes_(round_up(n * sizeof(float))) {
+    if (n == 0) return;
+#if defined(__linux__)
+    void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    data_ = static_cast<float*>(p);
+#else
+    data_ = static_cast<float*>(::operator new (bytes_, std::align_val_t{Resource::alignment}));
+    std::fill_n(data_, size_, 0.0f);
+#endif
+  }
+  PageBuffer(const PageBuffer&) = delete;
+  PageBuffer& operator=(const PageBuffer&) = delete;
+  PageBuffer(PageBuffer&& o) noexcept { swap(o); }
+  PageBuffer& operator=(PageBuffer&& o) noexcept {
+    PageBuffer(std::move(o)).swap(*this);
+    return *this;
+  }
+  ~PageBuffer() {
+    if (!data_) return;
+#if defined(__linux__)
+    ::munmap(data_, bytes_);
+#else
+    ::operator delete (data_, std::align_val_t{Resource::alignment});
+#endif
+  }
+
+  std::span<float> span() noexcept { return {data_, size_}; }
+  std::size_t size() const noexcept { return size_; }
+
+  /// Sets elements [begin, end) (clamped to size()) to zero, giving the whole pages among them
+  /// back to the system; the partial pages at either end are written.
+  void release(std::size_t begin, std::size_t end) noexcept {
+    end = std::min(end, size_);
+    if (begin >= end) return;
+    auto* lo = reinterpret_cast<std::byte*>(data_ + begin);
+    auto* hi = reinterpret_cast<std::byte*>(data_ + end);
+#if defined(__linux__)
+    auto* base = reinterpret_cast<std::byte*>(data_);
+    const std::size_t page = page_size(), from = begin * sizeof(float), to = end * sizeof(float);
+    std::byte* first = base + (from + page - 1) / page * page;  // whole pages: [first, last)
+    std::byte* last = base + to / page * page;
+    if (first < last && ::madvise(first, static_cast<std::size_t>(last - first), MADV_DONTNEED) == 0) {
+      std::fill(lo, first, std::byte{0});
+      std::fill(last, hi, std::byte{0});
+      return;
+    }
+#endif
+    std::fill(lo, hi, std::byte{0});
+  }
+
+  /// Bytes of the buffer backed by memory now (Linux: mincore, which also counts released pages
+  /// that were read since, mapped to the system's zero page; elsewhere all of it).
+  std::size_t resident_bytes() const {
+#if defined(__linux__)
+    if (!data_) return 0;
+    const std::size_t page = page_size(), pages = bytes_ / page;
+    std::vector<unsigned char> in(pages);
+    if (::mincore(data_, bytes_, in.data()) != 0) return bytes_;
+    std::size_t n = 0;
+    for (unsigned char c : in) n += c & 1u;
+    return n * page;
+#else
+    return bytes_;
+#endif
+  }
+
+ private:
+  static std::size_t page_size() noexcept {
+#if defined(__linux__)
+    static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    return page;
+#else
+    return 4096;
+#endif
+  }
+  static std::size_t round_up(std::size_t bytes) noexcept {
+    const std::size_t page = page_size();
+    return (bytes + page - 1) / page * page;
+  }
+  void swap(PageBuffer& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    std::swap(bytes_, o.bytes_);
+  }
+
+  float* data_ = nullptr;
+  std::size_t size_ = 0, bytes_ = 0;
+};
 
 }  // namespace xtrain::memory
 

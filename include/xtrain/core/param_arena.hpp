@@ -92,10 +92,12 @@ class ParamArena {
 
   /// Moves the gradients of `model` (adopted by this arena) into `storage` (at least size()
   /// floats, e.g. a communicator's shared-memory buffer that outlives the arena's use): values
-  /// copied, each Param's gradient view rebound, the arena's own gradient buffer released.
+  /// copied (unless `copy` is false: `storage` already holds them, e.g. fresh zero pages for
+  /// zero gradients, which a copy would make resident), each Param's gradient view rebound, the
+  /// arena's own gradient buffer released.
   template <class Model>
-  void move_gradients_to(Model& model, std::span<float> storage) {
-    move_to(model, grad_view_, grads_, storage, "gradient");
+  void move_gradients_to(Model& model, std::span<float> storage, bool copy = true) {
+    move_to(model, grad_view_, grads_, storage, "gradient", copy);
   }
   /// The same for the parameter values (the sharded optimizer's all-gather reads them in place).
   template <class Model>
@@ -157,11 +159,14 @@ class ParamArena {
   // Copies `view` into `storage` (zero padding after it), points `view` and every Param there,
   // releases `own`.
   template <class Model>
-  void move_to(Model& model, std::span<float>& view, AlignedVector& own, std::span<float> storage, const char* what) {
+  void move_to(Model& model, std::span<float>& view, AlignedVector& own, std::span<float> storage, const char* what,
+               bool copy = true) {
     XTRAIN_CHECK(storage.size() >= size(), ValueError, "ParamArena: ", what, " storage of ", storage.size(),
                  " floats for ", size(), " values");
-    std::copy(view.begin(), view.end(), storage.begin());
-    std::fill(storage.begin() + static_cast<std::ptrdiff_t>(size()), storage.end(), 0.0f);
+    if (copy) {
+      std::copy(view.begin(), view.end(), storage.begin());
+      std::fill(storage.begin() + static_cast<std::ptrdiff_t>(size()), storage.end(), 0.0f);
+    }
     view = storage.first(size());
     rebind(model);
     AlignedVector(own.get_allocator()).swap(own);

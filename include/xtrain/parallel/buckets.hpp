@@ -104,18 +104,23 @@ class GradientBuckets {
   /// blocking path. Throws ValueError naming the parameter when a slot is reported more often
   /// than it is used.
   void ready(C& comm, std::span<float> grads, std::uint32_t slot) {
-    const ParamEntry& e = arena_->entries().at(slot);
-    XTRAIN_CHECK(++reported_[slot] <= e.uses(), ValueError, "parameter '", e.name, "' was reported ready ",
-                 reported_[slot], " times in one backward but is used ", e.uses(),
-                 " time(s) (does a container run a child's backward twice?)");
-    const std::size_t b = slot_bucket_[slot];
-    if (--pending_[b] != 0) return;
+    const std::size_t b = count_use(slot);
+    if (pending_[b] != 0) return;
     if (++complete_ == buckets_.size() || !reduce_ || compressed(comm))
       return;  // compressed reductions: all in finish()
     for (auto& bucket : buckets_)
       if (bucket.started) comm.test(bucket.request);
     while (next_ < buckets_.size() && pending_[next_] == 0 && complete_ < buckets_.size())
       start(comm, grads, buckets_[next_++]);
+  }
+
+  /// As ready(), for a mode that reduces each bucket itself (ZeRO-2): counts the use of `slot`,
+  /// then calls f(bucket) for each bucket, in order, whose uses are all reported (every rank hands
+  /// the buckets out in the same order; f may run a blocking collective).
+  template <class F>
+  void ready_in_order(std::uint32_t slot, F&& f) {
+    if (pending_[count_use(slot)] != 0) return;
+    while (next_ < buckets_.size() && pending_[next_] == 0) f(buckets_[next_++]);
   }
 
   /// Starts what has not started and waits for everything: the gradients are then summed.
@@ -169,6 +174,17 @@ class GradientBuckets {
       return comm.gradient_compression() != Compression::none;
     else
       return false;
+  }
+
+  // Counts one use of `slot` (throws when reported more often than used); returns its bucket.
+  std::size_t count_use(std::uint32_t slot) {
+    const ParamEntry& e = arena_->entries().at(slot);
+    XTRAIN_CHECK(++reported_[slot] <= e.uses(), ValueError, "parameter '", e.name, "' was reported ready ",
+                 reported_[slot], " times in one backward but is used ", e.uses(),
+                 " time(s) (does a container run a child's backward twice?)");
+    const std::size_t b = slot_bucket_[slot];
+    --pending_[b];
+    return b;
   }
 
   [[noreturn]] void missing(std::size_t b) const {

@@ -52,6 +52,16 @@ concept CompressesGradients = requires(C& c, std::span<float> f) {
   c.allreduce_gradients(f, "name");
 };
 
+/// Optional: a communicator that reduce-scatters part of a buffer:
+/// `reduce_scatter_range(buffer, lo, hi, name)`, `buffer` cut into size() equal blocks as for
+/// reduce_scatter_sum; of the elements [lo, hi), those in block rank() become the sum over ranks,
+/// the others are unspecified (every rank passes the same size, lo and hi). ZeRO-2 reduces each
+/// gradient bucket so; a communicator without it gets the bucket all-reduced (twice the traffic).
+template <class C>
+concept ReduceScattersRanges = requires(C& c, std::span<float> f, std::size_t i) {
+  c.reduce_scatter_range(f, i, i, "name");
+};
+
 /// Buffers a communicator provides in memory its peers read (MpiAllReduce's node segment): the
 /// Engine moves its gradients (and, sharded, its parameters) there so that collectives read them
 /// in place. An empty span: keep the arena's own buffer.

@@ -7,7 +7,8 @@
 /// whether the mode computes a micro-step in chunks (ChunkedSync). One mode per file:
 ///  - AllReduceSync (sync_allreduce.hpp): the default, DDP's buckets reduced during backward;
 ///  - TreeSync (sync_tree.hpp): rank-count invariant, gradients summed per chunk in a fixed tree;
-///  - ShardedSync (sync_sharded.hpp): ZeRO stage 1, each rank steps its block of the parameters.
+///  - ShardedSync (sync_sharded.hpp): ZeRO stages 1 and 2, each rank steps its block of the
+///    parameters (stage 2 keeps only its block of the gradients, reduced bucket by bucket).
 /// sync_modes.hpp chooses one from the options. A new mode is one file that models the concept,
 /// and one line in sync_modes.hpp.
 
@@ -16,6 +17,7 @@
 #include <cstdint>
 #include <span>
 
+#include "xtrain/backend/executor.hpp"
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/profiler.hpp"
 #include "xtrain/core/tensor.hpp"
@@ -37,6 +39,8 @@ struct ArenaRange {
 };
 
 /// What a gradient synchronisation mode does, in the order the engine calls it:
+///  - `zero_grads(executor)` at the start of an accumulation window (the gradients it keeps become
+///    zero);
 ///  - `chunk()`: 0, or the samples of a micro-step whose gradient is computed alone (the mode is
 ///    then a ChunkedSync, below, and runs the micro-step chunk by chunk);
 ///  - `begin_backward(ctx, last)` before a backward (it wires parameter readiness into `ctx`;
@@ -56,7 +60,8 @@ struct ArenaRange {
 /// rank's state as made, giving the shape of its part).
 template <class S>
 concept GradientSync = requires(S& s, const S& cs, Context& ctx, bool flag, std::span<float> grads,
-                                profile::Profiler* profiler) {
+                                profile::Profiler* profiler, backend::Executor* executor) {
+  s.zero_grads(executor);
   { cs.chunk() } -> std::convertible_to<std::size_t>;
   { cs.owned() } -> std::same_as<ArenaRange>;
   s.begin_backward(ctx, flag);

@@ -31,6 +31,7 @@ struct SingleProcess {
   /// Another handle on the same group of ranks (for a second engine).
   SingleProcess duplicate() const noexcept { return {}; }
   void reduce_scatter_sum(std::span<float>, const char*) noexcept {}
+  void reduce_scatter_range(std::span<float>, std::size_t, std::size_t, const char*) noexcept {}
   void allgather_blocks(std::span<float>, const char*) noexcept {}
 };
 

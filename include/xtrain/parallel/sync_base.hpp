@@ -9,8 +9,10 @@
 #include <cstdint>
 #include <span>
 
+#include "xtrain/backend/executor.hpp"
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/param_arena.hpp"
+#include "xtrain/optim/param_groups.hpp"
 #include "xtrain/parallel/buckets.hpp"
 #include "xtrain/parallel/communicator.hpp"
 #include "xtrain/parallel/gradient_sync.hpp"
@@ -27,6 +29,10 @@ class SyncBase {
   const CommStats& stats() const noexcept { return buckets_.stats(); }
   std::size_t bucket_count() const noexcept { return buckets_.buckets().size(); }
   void reset_stats() noexcept { buckets_.reset_stats(); }
+  /// Bytes of gradient memory this rank holds (all of the arena's gradients).
+  std::size_t gradient_bytes() const noexcept { return arena_->size() * sizeof(float); }
+  /// Zeroes the gradients for a new accumulation window (over `e`'s threads).
+  void zero_grads(backend::Executor* e) { optim::zero_grads(arena_->grads(), e); }
 
   /// The whole optimizer state on every rank: a checkpoint's layout is the state itself.
   template <class Optimizer, class MakeFull, class F>

@@ -1,8 +1,8 @@
 #pragma once
 /// \file sync_modes.hpp
 /// The gradient synchronisation modes an engine can run, and the choice among them from the
-/// options: `deterministic(chunk)` selects TreeSync, `shard_optimizer` on several ranks
-/// ShardedSync, anything else AllReduceSync. A new mode models GradientSync in a file of its
+/// options: `deterministic(chunk)` selects TreeSync, `zero_stage` 1 or 2 (`shard_optimizer`) on
+/// several ranks ShardedSync, anything else AllReduceSync. A new mode models GradientSync in a file of its
 /// own and is added to SyncModes and to make_sync here.
 
 #include <cstddef>
@@ -34,12 +34,13 @@ struct SyncChoice {
   std::size_t global_batch = 0;          ///< samples per global step (TreeSync's chunks)
   bool shard_optimizer = false;          ///< ShardedSync (on more than one rank)
   std::size_t state_granule = 1;         ///< the optimizer's state blocks (optim::state_granule)
+  bool shard_gradients = false;          ///< ShardedSync's stage 2 (implies shard_optimizer)
 
   /// Whether the optimizer step is sharded over `ranks` ranks.
-  bool sharded(std::size_t ranks) const noexcept { return shard_optimizer && ranks > 1; }
+  bool sharded(std::size_t ranks) const noexcept { return (shard_optimizer || shard_gradients) && ranks > 1; }
   /// What the parameter arena's size must be a multiple of (ShardedSync's equal blocks).
   std::size_t arena_multiple(std::size_t ranks) const noexcept {
-    return shard_optimizer ? shard_multiple(ranks, state_granule) : ParamArena::alignment;
+    return shard_optimizer || shard_gradients ? shard_multiple(ranks, state_granule) : ParamArena::alignment;
   }
 };
 
@@ -54,7 +55,7 @@ SyncModes<C> make_sync(const SyncChoice& choice, C& comm, ParamArena& arena, mem
     return SyncModes<C>(std::in_place_index<1>, comm, arena, choice.bucket_bytes, choice.deterministic_chunk,
                         choice.global_batch, memory);
   if (choice.sharded(comm.size()))
-    return SyncModes<C>(std::in_place_index<2>, comm, arena, choice.bucket_bytes, memory);
+    return SyncModes<C>(std::in_place_index<2>, comm, arena, choice.bucket_bytes, memory, choice.shard_gradients);
   return SyncModes<C>(std::in_place_index<0>, comm, arena, choice.bucket_bytes);
 }
 

@@ -1,9 +1,14 @@
 #pragma once
 /// \file sync_sharded.hpp
-/// ShardedSync: the optimizer step sharded over the ranks (ZeRO stage 1, Rajbhandari et al.,
+/// ShardedSync: the optimizer step sharded over the ranks (ZeRO, Rajbhandari et al.,
 /// arXiv:1910.02054). Each of N ranks steps one block of the flat parameters with its block of
-/// the optimizer state: the gradients are reduce-scattered (each rank receives the sum of its
-/// block), clipped with the global norm, the block stepped, and the parameters all-gathered.
+/// the optimizer state and all-gathers the parameters after.
+///  - Stage 1 (`shard_optimizer`): the gradients are reduce-scattered at the step (each rank
+///    receives the sum of its block), clipped with the global norm, the block stepped.
+///  - Stage 2 (`zero_stage(2)`): each gradient bucket is reduce-scattered as soon as backward
+///    completes it, and a rank keeps only its block of the gradients: the rest of the bucket's
+///    pages are given back (memory::PageBuffer), so gradients take 1/N of the memory, plus the
+///    buckets backward is writing.
 /// Each rank does 1/N of the optimizer's work and holds 1/N of its state; a checkpoint holds the
 /// state gathered into the rank-count-independent layout.
 
@@ -17,11 +22,13 @@
 #include <type_traits>
 #include <vector>
 
+#include "xtrain/backend/executor.hpp"
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/memory.hpp"
 #include "xtrain/core/param_arena.hpp"
 #include "xtrain/core/profiler.hpp"
 #include "xtrain/optim/clip.hpp"
+#include "xtrain/optim/param_groups.hpp"
 #include "xtrain/parallel/buckets.hpp"
 #include "xtrain/parallel/communicator.hpp"
 #include "xtrain/parallel/gradient_sync.hpp"
@@ -43,17 +50,29 @@ class ShardedSync : public detail::SyncBase<C> {
 
  public:
   /// The arena's size must be a multiple of shard_multiple(ranks): the blocks are equal and
-  /// aligned. Buffers from `memory`. `comm`, `arena` and `memory` must outlive this object.
-  ShardedSync(C& comm, ParamArena& arena, std::size_t bucket_bytes, memory::Resource& memory)
+  /// aligned. `shard_gradients`: stage 2 (else 1). Buffers from `memory`. `comm`, `arena` and
+  /// `memory` must outlive this object.
+  ShardedSync(C& comm, ParamArena& arena, std::size_t bucket_bytes, memory::Resource& memory,
+              bool shard_gradients = false)
       : detail::SyncBase<C>(comm, arena, bucket_bytes),
         memory_(&memory),
         block_(arena.size() / comm.size()),
-        offset_(comm.rank() * block_) {}
+        offset_(comm.rank() * block_),
+        stage2_(shard_gradients) {}
 
-  /// Gradients and parameters written where a shared-memory communicator reduces and gathers them
-  /// (MpiAllReduce's node segment).
+  /// Stage 1: gradients and parameters written where a shared-memory communicator reduces and
+  /// gathers them (MpiAllReduce's node segment). Stage 2: the gradients moved into pages of
+  /// their own, all but this rank's block given back.
   template <class Model>
   void attach(Model& model) {
+    if (stage2_) {
+      pages_ = memory::PageBuffer(arena_->size());
+      const std::span<const float> g = arena_->grads();
+      const bool zero = std::all_of(g.begin(), g.end(), [](float v) { return v == 0.0f; });
+      arena_->move_gradients_to(model, pages_.span(), !zero);  // fresh pages are zeros: not touched
+      release_others(0, arena_->size());
+      return;  // (a node segment would hold every rank's gradients: not for stage 2)
+    }
     if constexpr (ProvidesNodeStorage<C>) {
       const NodeStorage s = comm_->node_storage(arena_->size(), true);
       if (!s.gradients.empty()) arena_->move_gradients_to(model, s.gradients);
@@ -63,21 +82,37 @@ class ShardedSync : public detail::SyncBase<C> {
 
   std::size_t chunk() const noexcept { return 0; }
   ArenaRange owned() const noexcept { return {offset_, offset_ + block_}; }
+  /// 1 or 2.
+  int stage() const noexcept { return stage2_ ? 2 : 1; }
+  /// Bytes of gradient memory this rank holds now (stage 2: its pages in use; stage 1: all).
+  std::size_t gradient_bytes() const { return stage2_ ? pages_.resident_bytes() : arena_->size() * sizeof(float); }
 
   void begin_backward(Context& ctx, bool) {
-    this->watch(ctx, false);  // readiness counted; the reduction is the step's
+    this->watch(ctx, false);  // readiness counted; stage 1 reduces in the step
+    if (stage2_) {
+      ctx.grads_ready = &ShardedSync::on_ready;  // stage 2: each bucket as it completes
+      ctx.grads_ready_user = this;
+    }
   }
   void end_backward(bool) { buckets_.check_complete(); }
   void end_micro_step(bool) {}
+  /// Stage 2: zeroes this rank's block and gives back the rest (already zero after a backward).
+  void zero_grads(backend::Executor* e) {
+    if (!stage2_) return detail::SyncBase<C>::zero_grads(e);
+    release_others(0, arena_->size());
+    optim::zero_grads(arena_->grads().subspan(offset_, block_), e);
+  }
 
-  /// Reduce-scatters the gradients: this rank's block, summed over ranks.
+  /// This rank's block of the gradients, summed over ranks: stage 1 reduce-scatters it now,
+  /// stage 2 did during backward.
   std::span<float> reduce_for_step() {
-    const auto start = clock::now();
-    {
+    if (!stage2_) {
+      const auto start = clock::now();
       const auto scope = labels_.scope(0, profile::Category::reduction);
       comm_->reduce_scatter_sum(arena_->grads(), "gradient reduce-scatter");
+      waited_ += std::chrono::duration<double>(clock::now() - start).count();
+      ++collectives_;
     }
-    waited_ = std::chrono::duration<double>(clock::now() - start).count();
     return arena_->grads().subspan(offset_, block_);
   }
   /// Each rank checked its own block: an overflow anywhere skips the step everywhere.
@@ -105,8 +140,11 @@ class ShardedSync : public detail::SyncBase<C> {
         comm_->allgather_blocks(arena_->values(), "parameter all-gather");
       }
       waited_ += std::chrono::duration<double>(clock::now() - start).count();
+      ++collectives_;
     }
-    buckets_.count_blocking(waited_, stepped ? 2 : 1);
+    buckets_.count_blocking(waited_, collectives_);
+    waited_ = 0.0;
+    collectives_ = 0;
   }
 
   /// Calls f(state) with the full optimizer state, gathered from every rank's part: each state
@@ -191,10 +229,39 @@ class ShardedSync : public detail::SyncBase<C> {
     if (want > total) std::memset(whole.data + total, 0, want - total);
   }
 
+  // Stage 2: a bucket of the gradients is complete on every rank: reduce-scatter it (each rank's
+  // block summed), give back the rest. A communicator without reduce_scatter_range all-reduces.
+  static void on_ready(void* self, std::uint32_t slot) {
+    auto* s = static_cast<ShardedSync*>(self);
+    s->buckets_.ready_in_order(slot, [s](const auto& b) { s->reduce_bucket(b.begin, b.end); });
+  }
+  void reduce_bucket(std::size_t begin, std::size_t end) {
+    const auto start = clock::now();
+    {
+      const auto scope = labels_.scope(2, profile::Category::reduction);
+      if constexpr (ReduceScattersRanges<C>)
+        comm_->reduce_scatter_range(arena_->grads(), begin, end, "gradient bucket reduce-scatter");
+      else
+        comm_->allreduce_sum(arena_->grads().subspan(begin, end - begin), "gradient bucket");
+    }
+    release_others(begin, end);
+    waited_ += std::chrono::duration<double>(clock::now() - start).count();
+    ++collectives_;
+  }
+  // Zeroes the gradients [begin, end) outside this rank's block, giving their pages back.
+  void release_others(std::size_t begin, std::size_t end) noexcept {
+    pages_.release(begin, std::min(end, offset_));
+    pages_.release(std::max(begin, offset_ + block_), end);
+  }
+
   memory::Resource* memory_;
   std::size_t block_, offset_;
-  double waited_ = 0.0;  // this step's blocking communication, in seconds
-  profile::EventLabels<2> labels_{{"gradient reduce-scatter", "parameter all-gather"}};
+  bool stage2_;
+  memory::PageBuffer pages_;  // stage 2: the gradients
+  double waited_ = 0.0;       // this step's blocking communication, in seconds
+  std::size_t collectives_ = 0;
+  profile::EventLabels<3> labels_{
+      {"gradient reduce-scatter", "parameter all-gather", "gradient bucket reduce-scatter"}};
 };
 
 }  // namespace xtrain::parallel

@@ -6,6 +6,7 @@
 /// from any collective with an error and the first exception is rethrown to the caller.
 /// Sums are computed rank 0 + rank 1 + ... in that order for every element (deterministic).
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -126,13 +127,17 @@ class ThreadAllReduce {
   ThreadAllReduce duplicate() const { return *this; }
 
   /// Block rank() of `v` becomes the sum over ranks (in rank order) of that block.
-  void reduce_scatter_sum(std::span<float> v, const char* what) {
+  void reduce_scatter_sum(std::span<float> v, const char* what) { reduce_scatter_range(v, 0, v.size(), what); }
+  /// Of the elements [lo, hi) of `v` (size() equal blocks), those in block rank() become the sum
+  /// over ranks (in rank order: the bits of allreduce_sum).
+  void reduce_scatter_range(std::span<float> v, std::size_t lo, std::size_t hi, const char* what) {
     publish(v.data(), v.size(), what);
     check_counts(v.size(), what);
-    const std::size_t block = v.size() / size(), begin = rank_ * block;
-    std::vector<float>& sum = scratch<float>(block);
-    sum_in_rank_order(rank_values<float>(), size(), begin, begin + block, sum.data());
-    group_->arrive_and_wait(what);  // all reads of block rank() done before it is overwritten
+    const std::size_t block = v.size() / size(), begin = std::clamp(rank_ * block, lo, hi),
+                      end = std::clamp((rank_ + 1) * block, lo, hi);
+    std::vector<float>& sum = scratch<float>(end - begin);
+    sum_in_rank_order(rank_values<float>(), size(), begin, end, sum.data());
+    group_->arrive_and_wait(what);  // all reads of this rank's elements done before they are overwritten
     std::copy(sum.begin(), sum.end(), v.begin() + static_cast<std::ptrdiff_t>(begin));
     group_->arrive_and_wait(what);
   }

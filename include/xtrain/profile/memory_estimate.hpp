@@ -88,6 +88,8 @@ struct MemoryOptions {
   Shape sample_shape;                          ///< one sample's shape ([784]; [T] of token ids is not supported yet)
   std::size_t ranks = 1;                       ///< data-parallel ranks
   bool shard_optimizer = false;                ///< ZeRO stage 1: each rank keeps 1/ranks of the optimizer state
+  bool shard_gradients = false;                ///< ZeRO stage 2: and 1/ranks of the gradients (implies stage 1)
+  std::size_t bucket_bytes = 25u << 20;        ///< gradient bucket size (stage 2 holds one being reduced)
   std::size_t eval_batch = 0;                  ///< evaluation batch per rank (0: no evaluation)
   bool shared_memory_reduction = true;         ///< ranks > 1 on one node sum gradients in a shared segment (MPI)
   std::size_t gradient_compression_bytes = 4;  ///< bytes per gradient element sent (2: bf16/fp16 compression)
@@ -101,14 +103,15 @@ struct MemoryEstimate {
   std::string precision;
   std::size_t parameters = 0;             ///< trainable parameters
   std::int64_t parameter_bytes = 0;       ///< fp32 master parameters (the arena, with alignment padding)
-  std::int64_t gradient_bytes = 0;        ///< fp32 gradients
-  std::int64_t optimizer_bytes = 0;       ///< optimizer state (this rank's block with ZeRO-1)
+  std::int64_t gradient_bytes = 0;        ///< fp32 gradients (this rank's block with ZeRO-2)
+  std::int64_t optimizer_bytes = 0;       ///< optimizer state (this rank's block with ZeRO-1 and 2)
   std::int64_t low_precision_copies = 0;  ///< 16-bit weight copies kept between steps (none: see docs)
   std::int64_t activation_bytes = 0;      ///< what the modules keep between forward and backward, and dx buffers
   std::int64_t data_bytes = 0;            ///< the batch (inputs and targets; two with MemoryOptions::prefetch)
   std::int64_t evaluation_bytes = 0;      ///< forward buffers growing to the evaluation batch
   std::int64_t workspace_bytes = 0;       ///< everything else the step allocates (GEMM panels, loss, casts)
   std::int64_t communication_bytes = 0;   ///< per rank: its share of the shared gradient segment, or buffers
+                                          ///< (ZeRO-2: the bucket backward writes before reducing it)
   /// Per module (state_dict name and kind): bytes allocated in forward and in backward.
   std::vector<std::pair<std::string, std::pair<std::int64_t, std::int64_t>>> modules;
 
@@ -276,21 +279,26 @@ MemoryEstimate estimate_memory(const Model& model, const Optimizer& optimizer, s
   m.parameter_bytes = r.parameters;
   m.gradient_bytes = r.gradients;
   m.optimizer_bytes = r.optimizer;
-  if (options.shard_optimizer && options.ranks > 1)
-    m.optimizer_bytes =
-        (r.optimizer + static_cast<std::int64_t>(options.ranks) - 1) / static_cast<std::int64_t>(options.ranks);
+  const auto ranks = static_cast<std::int64_t>(options.ranks);
+  const bool zero1 = (options.shard_optimizer || options.shard_gradients) && ranks > 1,
+             zero2 = options.shard_gradients && ranks > 1;
+  if (zero1) m.optimizer_bytes = (r.optimizer + ranks - 1) / ranks;
+  if (zero2) m.gradient_bytes = (r.gradients + ranks - 1) / ranks;
   m.activation_bytes = r.activations;
   m.data_bytes = options.prefetch ? 2 * r.data : r.data;
   m.evaluation_bytes = r.evaluation;
   m.modules = r.modules;
   m.workspace_bytes =
       std::max<std::int64_t>(0, r.held - (r.parameters + r.gradients + r.optimizer + r.activations + r.data));
-  if (options.ranks > 1) {
+  if (zero2) {
+    // ZeRO-2: the bucket backward writes before it is reduce-scattered and given back.
+    m.communication_bytes = std::min(r.gradients, static_cast<std::int64_t>(options.bucket_bytes));
+  } else if (options.ranks > 1) {
     // Shared-memory reduction: the node's ranks sum in one segment of the gradients (and, sharded,
     // the parameters); each rank's share of it. Otherwise MPI's buffers for the bucket in flight.
-    const std::int64_t segment = r.gradients + (options.shard_optimizer ? r.parameters : 0);
+    const std::int64_t segment = r.gradients + (zero1 ? r.parameters : 0);
     m.communication_bytes = options.shared_memory_reduction
-                                ? segment / static_cast<std::int64_t>(options.ranks)
+                                ? segment / ranks
                                 : static_cast<std::int64_t>(options.gradient_compression_bytes) * r.gradients / 4;
   }
   return m;
@@ -301,7 +309,11 @@ inline std::string memory_table(const std::vector<MemoryEstimate>& estimates, st
                                 const MemoryOptions& options) {
   std::vector<std::vector<std::string>> cells;
   cells.push_back({"per rank (batch " + std::to_string(batch) + ", " + std::to_string(options.ranks) + " rank" +
-                   (options.ranks == 1 ? "" : "s") + (options.shard_optimizer ? ", ZeRO-1" : "") + ")"});
+                   (options.ranks == 1 ? "" : "s") +
+                   (options.ranks > 1 && options.shard_gradients   ? ", ZeRO-2"
+                    : options.ranks > 1 && options.shard_optimizer ? ", ZeRO-1"
+                                                                   : "") +
+                   ")"});
   for (const auto& e : estimates) cells[0].push_back(e.precision);
   auto row = [&](const std::string& what, auto value) {
     cells.push_back({what});

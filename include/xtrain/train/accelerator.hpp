@@ -81,7 +81,7 @@ class Accelerator {
                                       {"clip_grad_norm", field_text(o.clip_grad_norm())},
                                       {"clip_grad_value", field_text(o.clip_grad_value())},
                                       {"deterministic", field_text(o.deterministic())},
-                                      {"shard_optimizer", field_text(o.shard_optimizer())},
+                                      {"zero_stage", field_text(o.zero_stage())},
                                       {"scale_lr", field_text(o.scale_lr())}});
     return Engine<Model, Optimizer, PrecisionPolicy, Communicator, Backend, Loss>(
         std::move(model), std::move(optimizer), duplicate(), o, std::move(loss));

@@ -188,7 +188,7 @@ class Engine {
 
   /// fp16: divides the reduced gradients by the loss scale and notes any Inf or NaN, once per
   /// step (the step does it when you have not: call it before clipping or reading the gradients
-  /// yourself). Not under shard_optimizer, where gradients are reduced in the step.
+  /// yourself). Not under shard_optimizer/zero_stage, where a rank steps its block only.
   void unscale_gradients() {
     XTRAIN_CHECK(owned().size() == arena_.size(), ValueError,
                  "unscale_gradients/clip_grad_norm before the step: not with shard_optimizer (gradients are reduced "
@@ -321,6 +321,11 @@ class Engine {
   std::size_t bucket_count() const {
     return with_sync([](const auto& s) { return s.bucket_count(); });
   }
+  /// Bytes of gradient memory this rank holds now: the whole arena's, or under zero_stage(2) its
+  /// pages in use (its block, and any bucket backward is writing).
+  std::size_t gradient_bytes() const {
+    return with_sync([](const auto& s) { return s.gradient_bytes(); });
+  }
 
  private:
   enum Event : std::size_t { loss_event, optimizer_event, zero_grad_event };
@@ -334,8 +339,8 @@ class Engine {
     return o;
   }
   parallel::SyncChoice sync_choice() const {
-    return {options_.bucket_bytes(), options_.deterministic(), global_batch(), options_.shard_optimizer(),
-            optim::state_granule<Optimizer>()};
+    return {options_.bucket_bytes(),    options_.deterministic(),          global_batch(),
+            options_.shard_optimizer(), optim::state_granule<Optimizer>(), options_.zero_stage() >= 2};
   }
   parallel::ArenaRange owned() const {
     return with_sync([](const auto& s) { return s.owned(); });
@@ -357,7 +362,7 @@ class Engine {
 
   void zero_grad() {
     const auto scope = events_.scope(zero_grad_event, profile::Category::optimizer);
-    optim::zero_grads(arena_.grads(), backend_.executor());
+    with_sync([&](auto& s) { s.zero_grads(backend_.executor()); });
   }
 
   // The loss of a training micro-step (its event), and the step's metrics.

@@ -6,6 +6,7 @@
 /// signals, printing) are the Trainer's, whose loop it is; with the Accelerator your loop and
 /// `prepare(data, batch)` decide those.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -119,7 +120,20 @@ class TrainingOptions {
   /// all-gathered. Same results; less optimizer work and memory per rank. Default false. All
   /// (clip with clip_grad_norm here: before the step a rank holds unreduced gradients).
   TrainingOptions& shard_optimizer(bool v) {
-    shard_optimizer_ = v;
+    zero_stage_ = v ? std::max(zero_stage_, 1) : 0;
+    return *this;
+  }
+  /// ZeRO stage (DeepSpeed's and Accelerate's `zero_stage`), on more than one rank: 0 (default)
+  /// keeps everything on every rank; 1 shards the optimizer state and step (shard_optimizer);
+  /// 2 also the gradients: each bucket is reduce-scattered as backward completes it and a rank
+  /// keeps only its 1/N of the gradients' memory. The same training as 0 (bitwise on thread ranks
+  /// without accumulation; with accumulation stage 2 reduces every micro-step). Throws ValueError
+  /// for any other stage (3, sharded parameters, is not available yet). All.
+  TrainingOptions& zero_stage(int stage) {
+    XTRAIN_CHECK(stage >= 0 && stage <= 2, ValueError, "TrainingOptions: zero_stage ", stage,
+                 " is not available: 0 (replicated), 1 (sharded optimizer state) or 2 (and sharded gradients); "
+                 "stage 3 (sharded parameters) is not implemented yet");
+    zero_stage_ = stage;
     return *this;
   }
   /// Folder of automatically named checkpoints: project_dir/checkpoints/checkpoint_N
@@ -181,7 +195,8 @@ class TrainingOptions {
   std::size_t threads() const noexcept { return threads_; }
   std::size_t deterministic() const noexcept { return deterministic_chunk_; }
   const std::string& project_dir() const noexcept { return project_dir_; }
-  bool shard_optimizer() const noexcept { return shard_optimizer_; }
+  bool shard_optimizer() const noexcept { return zero_stage_ >= 1; }
+  int zero_stage() const noexcept { return zero_stage_; }
   std::size_t total_limit() const noexcept { return total_limit_; }
   float loss_scale() const noexcept { return loss_scale_; }
   std::uint64_t loss_scale_growth_interval() const noexcept { return loss_scale_growth_interval_; }
@@ -191,7 +206,8 @@ class TrainingOptions {
  private:
   std::size_t batch_size_ = 32, epochs_ = 10, eval_batch_size_ = 1024;
   std::size_t global_batch_size_ = 0, accumulate_ = 1, bucket_bytes_ = 25u << 20, deterministic_chunk_ = 0;
-  bool scale_lr_ = false, shard_optimizer_ = false;
+  bool scale_lr_ = false;
+  int zero_stage_ = 0;
   std::string project_dir_;
   std::size_t total_limit_ = 0, threads_ = 0;
   double clip_norm_ = 0.0;

@@ -340,6 +340,8 @@ class Trainer {
   void reset_comm_stats() { engine_.reset_comm_stats(); }
   /// Gradient buckets (1 for a model smaller than the bucket size).
   std::size_t bucket_count() const { return engine_.bucket_count(); }
+  /// Bytes of gradient memory this rank holds now (1/N of them under zero_stage(2)).
+  std::size_t gradient_bytes() const { return engine_.gradient_bytes(); }
 
  private:
   using clock = std::chrono::steady_clock;
@@ -409,7 +411,7 @@ class Trainer {
             {"clip_grad_norm", field_text(o.clip_grad_norm())},
             {"clip_grad_value", field_text(o.clip_grad_value())},
             {"deterministic", field_text(o.deterministic())},
-            {"shard_optimizer", field_text(o.shard_optimizer())},
+            {"zero_stage", field_text(o.zero_stage())},
             {"scale_lr", field_text(o.scale_lr())},
             {"bucket_bytes", field_text(o.bucket_bytes())},
             {"the schedule", o.schedule().describe()},

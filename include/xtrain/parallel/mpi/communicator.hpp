@@ -7,6 +7,7 @@
 /// (a stalled collective names itself and aborts the job); XTRAIN_DEBUG_COLLECTIVES=1 checks that
 /// every rank enters the same collective.
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -199,6 +200,19 @@ class MpiAllReduce {
     MPI_Reduce_scatter_block(MPI_IN_PLACE, v.data(), count(block), MPI_FLOAT, MPI_SUM, comm_);
     if (rank_ != 0) std::memmove(v.data() + rank_ * block, v.data(), block * sizeof(float));  // result lands first
   }
+  /// Of the elements [lo, hi) of `v` (size() equal blocks), those in block rank() become the sum
+  /// over ranks (MPI_Reduce_scatter, in place; the others are left unspecified). ZeRO-2's buckets.
+  void reduce_scatter_range(std::span<float> v, std::size_t lo, std::size_t hi, const char* what) {
+    enter("reduce_scatter_range(float)", what, hi - lo);
+    const std::size_t block = v.size() / size_;
+    range_counts_.resize(size_);
+    for (std::size_t r = 0; r < size_; ++r)
+      range_counts_[r] = count(std::clamp((r + 1) * block, lo, hi) - std::clamp(r * block, lo, hi));
+    MPI_Reduce_scatter(MPI_IN_PLACE, v.data() + lo, range_counts_.data(), MPI_FLOAT, MPI_SUM, comm_);
+    const std::size_t mine = std::clamp(rank_ * block, lo, hi);  // the result lands at lo
+    if (mine != lo && range_counts_[rank_] > 0)
+      std::memmove(v.data() + mine, v.data() + lo, static_cast<std::size_t>(range_counts_[rank_]) * sizeof(float));
+  }
   /// Every rank's block rank() of `v` copied into every rank's `v`.
   void allgather_blocks(std::span<float> v, const char* what) {
     if (detail::NodeReducer* node = node_reducer(what, v.size())) {
@@ -340,6 +354,7 @@ class MpiAllReduce {
   std::unique_ptr<detail::NodeReducer> node_;
   std::vector<std::uint16_t> wire_;  // compressed send/receive buffers
   std::vector<float> sum_, widened_;
+  std::vector<int> range_counts_;  // reduce_scatter_range's counts per rank
 };
 
 }  // namespace xtrain::parallel
