@@ -35,7 +35,8 @@ struct Flags {
   std::string precision = "fp32", optimizer = "adamw", schedule = "constant", project_dir, resume, export_path,
               profile_dir;
   std::size_t threads = 0;  // 0: the backend's default
-  bool shard_optimizer = false;
+  std::size_t bucket_mb = 25;
+  bool shard_optimizer = false, estimate_memory = false, verify_memory = false;
   std::string zero = "0";
 };
 
@@ -45,7 +46,8 @@ constexpr const char* usage =
     "           [--schedule constant|cosine] [--warmup N] [--seed N] [--threads N] [--precision fp32|bf16|fp16]\n"
     "           [--eval-every N] [--eval-iters N] [--project-dir DIR] [--resume latest|DIR]\n"
     "           [--export FILE] [--sample N] [--temperature X] [--top-k N] [--profile DIR]\n"
-    "           [--zero 0|1|2] [--optimizer adamw|adamw8bit]\n"
+    "           [--zero 0|1|2] [--bucket-mb N] [--optimizer adamw|adamw8bit]\n"
+    "           [--estimate-memory [--verify]]\n"
     "  --corpus PATH     a text file, or a folder whose regular files are read in name order\n"
     "                    (*.dat, *.u8 and links skipped); default /usr/share/games/fortunes\n"
     "                    (Debian's fortunes package)\n"
@@ -78,8 +80,14 @@ constexpr const char* usage =
     "  --zero S          ZeRO stage over the P processes (default 0; the same training): 1 each\n"
     "                    steps 1/P of the parameters and keeps 1/P of AdamW's state (also\n"
     "                    --shard-optimizer), 2 also keeps only 1/P of the gradients\n"
+    "  --bucket-mb N     gradient bucket size in MiB (default 25; DDP's bucket_cap_mb): with --zero 2\n"
+    "                    the gradients a process holds during backward\n"
     "  --optimizer O     adamw (default) or adamw8bit: AdamW with its two moments in 8 bits per\n"
-    "                    parameter (block-wise quantized; tensors under 4096 elements in fp32)\n";
+    "                    parameter (block-wise quantized; tensors under 4096 elements in fp32)\n"
+    "  --estimate-memory print the memory each process needs for this run (its precision, optimizer,\n"
+    "                    processes and --zero: parameters, gradients, optimizer state, activations per\n"
+    "                    module, batch, workspaces) and exit\n"
+    "  --verify          with --estimate-memory: then train (one process) measuring the peak, and compare\n";
 
 Flags parse(int argc, char** argv) {
   Flags f;
@@ -111,8 +119,12 @@ Flags parse(int argc, char** argv) {
       .text("--profile", f.profile_dir)
       .toggle("--shard-optimizer", f.shard_optimizer)
       .choice("--zero", f.zero, {"0", "1", "2"})
+      .count("--bucket-mb", f.bucket_mb)
       .choice("--optimizer", f.optimizer, {"adamw", "adamw8bit"})
+      .toggle("--estimate-memory", f.estimate_memory)
+      .toggle("--verify", f.verify_memory)
       .parse(argc, argv);
+  if (f.verify_memory && !f.estimate_memory) example::fail_usage("--verify goes with --estimate-memory", usage);
   if (f.embd % f.heads != 0)
     example::fail_usage("--embd " + std::to_string(f.embd) + " is not a multiple of --heads " + std::to_string(f.heads),
                         usage);
@@ -205,9 +217,13 @@ int run(const Flags& flags) {
   const std::size_t ranks = comm.size(), rank = comm.rank();
   if (main_process && !flags.export_path.empty()) example::check_writable(flags.export_path, "--export");
   const auto [vocab, train, val] = xtrain::data::char_text(flags.corpus, flags.block);
-  xtrain::set_seed(flags.seed);
-  xtrain::layers::GPT model(
-      {.vocab = vocab.size(), .block = flags.block, .layers = flags.layers, .heads = flags.heads, .embd = flags.embd});
+  const std::size_t vocab_size = vocab.size();  // (a lambda may not capture a structured binding in clang 14)
+  const auto make_model = [&] {
+    xtrain::set_seed(flags.seed);
+    return xtrain::layers::GPT(
+        {.vocab = vocab_size, .block = flags.block, .layers = flags.layers, .heads = flags.heads, .embd = flags.embd});
+  };
+  xtrain::layers::GPT model = make_model();
   auto options = xtrain::TrainingOptions{}
                      .batch_size(flags.batch)
                      .global_batch_size(flags.global_batch)
@@ -217,6 +233,7 @@ int run(const Flags& flags) {
                      .clip_grad_norm(flags.clip)
                      .param_groups({xtrain::optim::ParamGroup::no_weight_decay()})
                      .zero_stage(zero_stage(flags))
+                     .bucket_bytes(flags.bucket_mb << 20)
                      .project_dir(flags.project_dir)
                      .verbose(false);
   if (flags.schedule == "cosine") {
@@ -235,10 +252,33 @@ int run(const Flags& flags) {
                 train.size(), val.size());
     std::printf("%s: %zu parameters\n", model.describe().c_str(), parameters);
   }
+  const auto optimizer = Optimizer{}.lr(flags.lr).betas(0.9f, 0.99f).weight_decay(flags.weight_decay);
+  xtrain::profile::PeakMeter meter;
+  xtrain::profile::MemoryEstimate estimate;
+  if (flags.estimate_memory) {
+    const std::size_t per_rank = (flags.global_batch ? flags.global_batch : flags.batch * ranks) / ranks;
+    const xtrain::profile::MemoryOptions memory{.sample_shape = xtrain::Shape{flags.block},
+                                                .ranks = ranks,
+                                                .shard_optimizer = options.zero_stage() >= 1,
+                                                .shard_gradients = options.zero_stage() >= 2,
+                                                .bucket_bytes = options.bucket_bytes(),
+                                                .eval_batch = flags.batch};
+    estimate = xtrain::profile::estimate_memory<Precision>(model, optimizer, per_rank, memory);
+    if (main_process)
+      std::printf("Estimated memory per process (%s; the corpus itself not counted):\n%s", Optimizer::name,
+                  xtrain::profile::memory_table({estimate}, per_rank, memory).c_str());
+    if (!flags.verify_memory) return 0;
+    if (ranks > 1) {
+      if (main_process) std::printf("--verify measures one process: run it without mpirun\n");
+      return 2;
+    }
+    { const auto drop = std::move(model); }  // its storage gone before the measurement starts:
+    meter.start();                           // the Trainer frees the one it adopts
+    model = make_model();
+  }
   using Trainer = xtrain::Trainer<xtrain::layers::GPT, Optimizer, Precision, xtrain::parallel::MpiAllReduce,
                                   xtrain::backend::CpuThreads>;
-  Trainer trainer{std::move(model), Optimizer{}.lr(flags.lr).betas(0.9f, 0.99f).weight_decay(flags.weight_decay),
-                  options, std::move(comm)};
+  Trainer trainer{std::move(model), optimizer, options, std::move(comm)};
   const std::size_t global = trainer.global_batch_size();
   if (main_process) {
     std::printf(
@@ -312,6 +352,11 @@ int run(const Flags& flags) {
       std::printf("Nothing to train: the checkpoint has %llu steps done, --iters is %zu\n",
                   static_cast<unsigned long long>(trainer.step()), flags.iters);
     val_loss = trainer.evaluate(val_eval).loss;
+  }
+  if (flags.verify_memory) {
+    const double measured = static_cast<double>(meter.bytes()), estimated = static_cast<double>(estimate.total());
+    std::printf("Memory (%s): measured peak %.2f MiB, estimated %.2f MiB (%+.1f%%)\n", Precision::name,
+                measured / (1 << 20), estimated / (1 << 20), 100.0 * (estimated - measured) / measured);
   }
   if (!flags.export_path.empty()) trainer.save_model(flags.export_path);
   if (!flags.profile_dir.empty())

@@ -6,7 +6,9 @@
 #   gpt_example.sh resume  EXAMPLE WORK  a small GPT (bf16) 40 steps straight vs 20 + --resume
 #                                        latest: the same losses, byte-identical safetensors
 #   gpt_example.sh mpi     EXAMPLE WORK  mpirun -np 2 then 1 process at a global batch of 12: the
-#                                        same validation loss to 1 % (the sums' order differs)
+#                                        same validation loss to 1 % (the sums' order differs);
+#                                        --zero 2 on 2 processes: the same loss as --zero 0 to
+#                                        0.1 %, 10 bytes per parameter held, and its estimate
 #   gpt_example.sh sigterm EXAMPLE WORK  SIGTERM mid-training: exit code 75 with a checkpoint that
 #                                        --resume latest continues; a resume with other --heads
 #                                        is refused by name
@@ -57,6 +59,18 @@ case "$mode" in
     grep -q '^AdamW.*| 2 processes' "$work/np2" || { cat "$work/np2"; echo "FAIL: not 2 processes"; exit 1; }
     awk -v a="${l1:-0}" -v b="${l2:-9}" 'BEGIN { r = (a - b) / a; exit !(r <= 0.01 && r >= -0.01) }' ||
       { echo "FAIL: 1 and 2 processes trained differently"; exit 1; }
+    # ZeRO-2: the same training (the clipping norm summed in another order), 4 + 12/2 bytes per parameter.
+    run "$work/zero2" mpirun -np 2 "$example" "${args[@]}" --zero 2
+    lz=$(final "$work/zero2")
+    held=$(sed -n 's/^memory of this process (ZeRO stage 2).*(\([0-9.]*\) bytes per parameter).*$/\1/p' "$work/zero2")
+    echo "--zero 2: val loss $lz, $held bytes per parameter held"
+    awk -v a="${l2:-0}" -v b="${lz:-9}" 'BEGIN { r = (a - b) / a; exit !(r <= 0.001 && r >= -0.001) }' ||
+      { echo "FAIL: --zero 2 trained differently from --zero 0"; exit 1; }
+    awk -v h="${held:-0}" 'BEGIN { exit !(h >= 10.0 && h < 10.2) }' ||
+      { grep '^memory' "$work/zero2"; echo "FAIL: --zero 2 does not hold 10 bytes per parameter"; exit 1; }
+    run "$work/estimate" mpirun -np 2 "$example" "${args[@]}" --zero 2 --estimate-memory
+    grep -q 'ZeRO-2' "$work/estimate" && grep -q '^activations (all modules)' "$work/estimate" ||
+      { cat "$work/estimate"; echo "FAIL: no ZeRO-2 estimate"; exit 1; }
     ;;
   sigterm)
     args=(--corpus "$corpus" --layers 2 --embd 32 --heads 2 --block 32 --batch 8 --eval-every 20 --eval-iters 1

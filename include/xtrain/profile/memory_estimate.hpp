@@ -29,10 +29,12 @@
 #include <malloc.h>
 #endif
 
+#include "xtrain/core/concepts.hpp"
 #include "xtrain/core/memory.hpp"
 #include "xtrain/core/profiler.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/loss/cross_entropy.hpp"
+#include "xtrain/parallel/buckets.hpp"
 #include "xtrain/parallel/single_process.hpp"
 #include "xtrain/precision/policy.hpp"
 #include "xtrain/profile/report.hpp"
@@ -85,7 +87,7 @@ class PeakMeter {
 
 /// What the run looks like beyond the model, optimizer and batch.
 struct MemoryOptions {
-  Shape sample_shape;                          ///< one sample's shape ([784]; [T] of token ids is not supported yet)
+  Shape sample_shape;                          ///< one sample's shape ([784]; [T] token ids for a token model)
   std::size_t ranks = 1;                       ///< data-parallel ranks
   bool shard_optimizer = false;                ///< ZeRO stage 1: each rank keeps 1/ranks of the optimizer state
   bool shard_gradients = false;                ///< ZeRO stage 2: and 1/ranks of the gradients (implies stage 1)
@@ -111,7 +113,7 @@ struct MemoryEstimate {
   std::int64_t evaluation_bytes = 0;      ///< forward buffers growing to the evaluation batch
   std::int64_t workspace_bytes = 0;       ///< everything else the step allocates (GEMM panels, loss, casts)
   std::int64_t communication_bytes = 0;   ///< per rank: its share of the shared gradient segment, or buffers
-                                          ///< (ZeRO-2: the bucket backward writes before reducing it)
+                                          ///< (ZeRO-2: the largest bucket, less the rank's share)
   /// Per module (state_dict name and kind): bytes allocated in forward and in backward.
   std::vector<std::pair<std::string, std::pair<std::int64_t, std::int64_t>>> modules;
 
@@ -154,13 +156,25 @@ struct DryRun {
   std::int64_t held = 0;  // what the backend holds after the construction and the training step
   std::int64_t parameters = 0, gradients = 0, optimizer = 0, data = 0, evaluation = 0;
   std::int64_t activations = 0, forward = 0;  // all modules; their forwards alone
+  std::int64_t largest_bucket = 0;            // the largest gradient bucket (of the DryRun's bucket_bytes)
   std::size_t parameter_count = 0;
   std::vector<std::pair<std::string, std::pair<std::int64_t, std::int64_t>>> modules;
 };
 
+// A dry run's batch: token ids (zeros) for a model that takes them (the GPT), else floats.
+template <class Model, class Precision>
+using DryRunInput =
+    std::conditional_t<TokenModuleFor<Model, typename Precision::storage_type>, Tensor<std::int32_t>, Tensor<float>>;
+template <class Input>
+void dry_run_batch(Input& x, const Shape& shape) {
+  x.resize(shape);
+  std::fill(x.begin(), x.end(), typename Input::value_type{0});
+}
+
 template <class Precision, class Model, class Optimizer, class Loss>
 DryRun dry_run(const Model& model, const Optimizer& optimizer, std::size_t batch, std::size_t eval_batch,
-               const Shape& sample, const Loss& loss) {
+               const Shape& sample, const Loss& loss, std::size_t bucket_bytes) {
+  using Input = DryRunInput<Model, Precision>;
   DryRun r;
   profile::Profiler profiler({.profile_memory = true});  // before the first reading: its buffers are not the step's
   profiler.reserve(4096);
@@ -171,6 +185,9 @@ DryRun dry_run(const Model& model, const Optimizer& optimizer, std::size_t batch
     const std::size_t n = engine.params().size();
     r.parameter_count = engine.params().parameter_count();
     r.parameters = r.gradients = static_cast<std::int64_t>(n * sizeof(float));
+    const parallel::GradientBuckets<parallel::SingleProcess> buckets(engine.params(), bucket_bytes);
+    for (const auto& b : buckets.buckets())
+      r.largest_bucket = std::max(r.largest_bucket, static_cast<std::int64_t>((b.end - b.begin) * sizeof(float)));
     {
       const std::int64_t before = memory::counters().live;  // optimizer state is AlignedVector: counted
       probe = optim::init_state(optimizer, engine.params(), 0, n);
@@ -182,8 +199,8 @@ DryRun dry_run(const Model& model, const Optimizer& optimizer, std::size_t batch
     dims.insert(dims.end(), sample.begin(), sample.end());
     // The batch, the loss and everything else of the step in the backend's memory, as in a Trainer.
     const std::int64_t data0 = memory::counters().live;
-    Tensor<float> x(engine.memory());
-    x.resize(Shape(dims));
+    Input x(engine.memory());
+    dry_run_batch(x, Shape(dims));
     r.data = memory::counters().live - data0;
     const Tensor<float>& out = engine.forward(x, 0);
     const std::int64_t target0 = memory::counters().live;
@@ -215,8 +232,8 @@ DryRun dry_run(const Model& model, const Optimizer& optimizer, std::size_t batch
       engine.set_profiler(nullptr);
       dims[0] = eval_batch;
       const std::int64_t before = engine.memory().stats().live;
-      Tensor<float> xe(engine.memory());
-      xe.resize(Shape(dims));
+      Input xe(engine.memory());
+      dry_run_batch(xe, Shape(dims));
       const std::int64_t input = engine.memory().stats().live - before;
       Context ctx = engine.context(false);
       engine.predict(ctx, xe);
@@ -243,7 +260,7 @@ MemoryEstimate estimate_memory(const Model& model, const Optimizer& optimizer, s
   XTRAIN_CHECK(options.ranks > 0, ValueError, "estimate_memory: ranks must be at least 1");
   constexpr std::size_t direct_limit = 256, low = 128;
   auto run = [&](std::size_t b, std::size_t eval) {
-    return detail::dry_run<Precision>(model, optimizer, b, eval, options.sample_shape, loss);
+    return detail::dry_run<Precision>(model, optimizer, b, eval, options.sample_shape, loss, options.bucket_bytes);
   };
   detail::DryRun r;
   if (batch <= direct_limit) {
@@ -291,8 +308,9 @@ MemoryEstimate estimate_memory(const Model& model, const Optimizer& optimizer, s
   m.workspace_bytes =
       std::max<std::int64_t>(0, r.held - (r.parameters + r.gradients + r.optimizer + r.activations + r.data));
   if (zero2) {
-    // ZeRO-2: the bucket backward writes before it is reduce-scattered and given back.
-    m.communication_bytes = std::min(r.gradients, static_cast<std::int64_t>(options.bucket_bytes));
+    // ZeRO-2: the largest bucket, written by backward before it is reduce-scattered and given
+    // back, less the rank's own share of it (counted with the gradients).
+    m.communication_bytes = r.largest_bucket - r.largest_bucket / ranks;
   } else if (options.ranks > 1) {
     // Shared-memory reduction: the node's ranks sum in one segment of the gradients (and, sharded,
     // the parameters); each rank's share of it. Otherwise MPI's buffers for the bucket in flight.

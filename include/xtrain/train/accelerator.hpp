@@ -122,7 +122,8 @@ class Accelerator {
     return static_cast<double>(batch.global_count) * static_cast<double>(options_.accumulate());
   }
 
-  /// Backward from d(loss)/d(logits); when `sync`, the gradients are summed over ranks on return.
+  /// Backward from d(loss)/d(logits); when `sync`, the gradients are summed over ranks on return
+  /// (under zero_stage 1 in the step; under zero_stage(2) in every backward, a rank keeping its block).
   template <class E>
   void backward(E& engine, const Tensor<float>& dlogits, bool sync) {
     engine.backward(dlogits, sync);

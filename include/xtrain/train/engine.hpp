@@ -150,7 +150,8 @@ class Engine {
 
   /// Backward of the last forward from d(loss)/d(output), adding into the gradients. When `sync`
   /// (the last micro-step of the window) they are summed over ranks on return, unless the mode
-  /// reduces them in the step (sharded).
+  /// reduces them in the step (zero_stage 1); under zero_stage(2) every backward reduce-scatters
+  /// them, and a rank's gradients outside its block then read as zeros.
   void backward(const Tensor<float>& dlogits, bool sync) {
     ctx_.input_grad = false;  // nothing needs the gradient of the data
     run_backward(ctx_, dlogits, sync);

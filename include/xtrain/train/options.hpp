@@ -126,8 +126,9 @@ class TrainingOptions {
   /// ZeRO stage (DeepSpeed's and Accelerate's `zero_stage`), on more than one rank: 0 (default)
   /// keeps everything on every rank; 1 shards the optimizer state and step (shard_optimizer);
   /// 2 also the gradients: each bucket is reduce-scattered as backward completes it and a rank
-  /// keeps only its 1/N of the gradients' memory. The same training as 0 (bitwise on thread ranks
-  /// without accumulation; with accumulation stage 2 reduces every micro-step). Throws ValueError
+  /// keeps only its 1/N of the gradients' memory between steps (during backward, also the bucket
+  /// being written). The same training as 0 (bitwise on thread ranks without clipping or
+  /// accumulation; with accumulation stage 2 reduces every micro-step). Throws ValueError
   /// for any other stage (3, sharded parameters, is not available yet). All.
   TrainingOptions& zero_stage(int stage) {
     XTRAIN_CHECK(stage >= 0 && stage <= 2, ValueError, "TrainingOptions: zero_stage ", stage,
