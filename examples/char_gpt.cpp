@@ -354,9 +354,8 @@ int run(const Flags& flags) {
     val_loss = trainer.evaluate(val_eval).loss;
   }
   if (flags.verify_memory) {
-    const double measured = static_cast<double>(meter.bytes()), estimated = static_cast<double>(estimate.total());
-    std::printf("Memory (%s): measured peak %.2f MiB, estimated %.2f MiB (%+.1f%%)\n", Precision::name,
-                measured / (1 << 20), estimated / (1 << 20), 100.0 * (estimated - measured) / measured);
+    example::report_verified_memory(Precision::name, static_cast<double>(meter.bytes()),
+                                    static_cast<double>(estimate.total()));
   }
   if (!flags.export_path.empty()) trainer.save_model(flags.export_path);
   if (!flags.profile_dir.empty())

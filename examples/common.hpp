@@ -199,6 +199,12 @@ void report_model_memory(Trainer& trainer, std::size_t parameters, int zero_stag
       static_cast<double>(usage.ru_maxrss) / 1024.0);
 }
 
+/// --estimate-memory --verify: the peak `measured` against the `estimated` total, in MiB.
+inline void report_verified_memory(const char* precision, double measured, double estimated) {
+  std::printf("Memory (%s): measured peak %.2f MiB, estimated %.2f MiB (%+.1f%%)\n", precision, measured / (1 << 20),
+              estimated / (1 << 20), 100.0 * (estimated - measured) / measured);
+}
+
 inline void report_kernels(const std::string& precision) {
   namespace k = xtrain::kernels;
   std::printf("kernels: fp32 GEMM: %s | bf16 GEMM: %s | fp16 GEMM: %s | conversions: bf16 %s, fp16 %s\n",

@@ -82,8 +82,6 @@ class ShardedSync : public detail::SyncBase<C> {
 
   std::size_t chunk() const noexcept { return 0; }
   ArenaRange owned() const noexcept { return {offset_, offset_ + block_}; }
-  /// 1 or 2.
-  int stage() const noexcept { return stage2_ ? 2 : 1; }
   /// Bytes of gradient memory this rank holds now (stage 2: its pages in use; stage 1: all).
   std::size_t gradient_bytes() const { return stage2_ ? pages_.resident_bytes() : arena_->size() * sizeof(float); }
 
