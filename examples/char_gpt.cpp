@@ -36,7 +36,7 @@ struct Flags {
               profile_dir;
   std::size_t threads = 0;  // 0: the backend's default
   std::size_t bucket_mb = 25;
-  bool shard_optimizer = false, estimate_memory = false, verify_memory = false;
+  bool shard_optimizer = false, estimate_memory = false, verify_memory = false, recompute = false;
   std::string zero = "0";
 };
 
@@ -46,7 +46,7 @@ constexpr const char* usage =
     "           [--schedule constant|cosine] [--warmup N] [--seed N] [--threads N] [--precision fp32|bf16|fp16]\n"
     "           [--eval-every N] [--eval-iters N] [--project-dir DIR] [--resume latest|DIR]\n"
     "           [--export FILE] [--sample N] [--temperature X] [--top-k N] [--profile DIR]\n"
-    "           [--zero 0|1|2] [--bucket-mb N] [--optimizer adamw|adamw8bit]\n"
+    "           [--zero 0|1|2] [--bucket-mb N] [--optimizer adamw|adamw8bit] [--recompute]\n"
     "           [--estimate-memory [--verify]]\n"
     "  --corpus PATH     a text file, or a folder whose regular files are read in name order\n"
     "                    (*.dat, *.u8 and links skipped); default /usr/share/games/fortunes\n"
@@ -84,6 +84,8 @@ constexpr const char* usage =
     "                    the gradients a process holds during backward\n"
     "  --optimizer O     adamw (default) or adamw8bit: AdamW with its two moments in 8 bits per\n"
     "                    parameter (block-wise quantized; tensors under 4096 elements in fp32)\n"
+    "  --recompute       recompute each block's activations in backward (one more forward per step;\n"
+    "                    the blocks keep their outputs and one block's activations: long --block)\n"
     "  --estimate-memory print the memory each process needs for this run (its precision, optimizer,\n"
     "                    processes and --zero: parameters, gradients, optimizer state, activations per\n"
     "                    module, batch, workspaces) and exit\n"
@@ -121,6 +123,7 @@ Flags parse(int argc, char** argv) {
       .choice("--zero", f.zero, {"0", "1", "2"})
       .count("--bucket-mb", f.bucket_mb)
       .choice("--optimizer", f.optimizer, {"adamw", "adamw8bit"})
+      .toggle("--recompute", f.recompute)
       .toggle("--estimate-memory", f.estimate_memory)
       .toggle("--verify", f.verify_memory)
       .parse(argc, argv);
@@ -220,8 +223,12 @@ int run(const Flags& flags) {
   const std::size_t vocab_size = vocab.size();  // (a lambda may not capture a structured binding in clang 14)
   const auto make_model = [&] {
     xtrain::set_seed(flags.seed);
-    return xtrain::layers::GPT(
-        {.vocab = vocab_size, .block = flags.block, .layers = flags.layers, .heads = flags.heads, .embd = flags.embd});
+    return xtrain::layers::GPT({.vocab = vocab_size,
+                                .block = flags.block,
+                                .layers = flags.layers,
+                                .heads = flags.heads,
+                                .embd = flags.embd,
+                                .recompute = flags.recompute});
   };
   xtrain::layers::GPT model = make_model();
   auto options = xtrain::TrainingOptions{}

@@ -19,6 +19,7 @@ COVERED_ELSEWHERE = {
                               "per-part workspaces, reused once warm"),
     "checkpoint/json.hpp": (["checkpoint/test_safetensors.cpp", "fuzz_parsers.cpp"], "safetensors headers"),
     "core/context.hpp": (["core/test_module.cpp"], "what forward and backward receive"),
+    "core/recompute_memory.hpp": (["layers/test_checkpointed.cpp"], "the memory of recomputed blocks"),
     "core/xtensor.hpp": (["core/test_tensor.cpp"], "as_xtensor views"),
     "data/file.hpp": (["data/test_idx.cpp"], "the files the IDX and npy readers open"),
     "kernels/conv.hpp": (["layers/test_conv_kernels.cpp"], "against kernels/reference/conv.hpp, also for -march levels"),

@@ -4,7 +4,9 @@
 #                                        (2.65 after 200 steps here; 4.7 untrained), a 100-character
 #                                        sample printed
 #   gpt_example.sh resume  EXAMPLE WORK  a small GPT (bf16) 40 steps straight vs 20 + --resume
-#                                        latest: the same losses, byte-identical safetensors
+#                                        latest: the same losses, byte-identical safetensors; and
+#                                        40 steps with --recompute: byte-identical too (and its
+#                                        --estimate-memory counts the recomputed blocks)
 #   gpt_example.sh mpi     EXAMPLE WORK  mpirun -np 2 then 1 process at a global batch of 12: the
 #                                        same validation loss to 1 % (the sums' order differs);
 #                                        --zero 2 on 2 processes: the same loss as --zero 0 to
@@ -48,6 +50,13 @@ case "$mode" in
     [ -n "$a" ] && [ "$a" = "$b" ] || { echo "FAIL: the resumed run's losses differ"; exit 1; }
     cmp "$work/straight.safetensors" "$work/resumed.safetensors" || { echo "FAIL: the resumed model differs"; exit 1; }
     echo "40 steps straight and 20 + 20 resumed: identical safetensors"
+    run "$work/recompute" "$example" "${args[@]}" --iters 40 --recompute --export "$work/recompute.safetensors"
+    cmp "$work/straight.safetensors" "$work/recompute.safetensors" ||
+      { echo "FAIL: --recompute trained another model"; exit 1; }
+    echo "40 steps with --recompute: identical safetensors"
+    run "$work/estimate" "$example" "${args[@]}" --recompute --estimate-memory
+    grep -q '^  not held (recomputed blocks) *-[0-9.]* MiB' "$work/estimate" ||
+      { cat "$work/estimate"; echo "FAIL: the estimate does not count the recomputed blocks"; exit 1; }
     ;;
   mpi)
     args=(--corpus "$corpus" --layers 2 --embd 64 --heads 2 --global-batch 12 --iters 60 --eval-every 60

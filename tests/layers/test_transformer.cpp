@@ -129,8 +129,10 @@ TEST_CASE("Transformer layers say what is wrong", "[transformer][errors]") {
 }
 
 TEST_CASE("GPT allocates nothing per step once warm", "[transformer][memory]") {
+  const bool recompute = GENERATE(false, true);  // (recomputed blocks: layers/test_checkpointed.cpp)
+  INFO("recompute " << recompute);
   set_seed(5);
-  nn::GPT model{{.vocab = 20, .block = 16, .layers = 2, .heads = 2, .embd = 32}};
+  nn::GPT model{{.vocab = 20, .block = 16, .layers = 2, .heads = 2, .embd = 32, .recompute = recompute}};
   Tensor<std::int32_t> ids({3, 16});
   for (std::size_t i = 0; i < ids.size(); ++i) ids.data()[i] = static_cast<std::int32_t>(i % 20);
   backend::Serial serial;  // its workspace, reused

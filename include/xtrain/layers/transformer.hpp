@@ -7,6 +7,8 @@
 ///       attn = CausalSelfAttention(embd, heads), mlp = Linear(embd, 4 embd) - GELU(tanh) - Linear
 ///   GPT(config):  ids [B, T] -> wte(ids) + wpe(0..T-1) -> blocks -> ln_f -> head -> logits [B, T, V]
 ///       head.weight is wte.weight (weight tying: one parameter, its gradient the sum of both uses)
+///   GPTConfig::recompute: each block wrapped in Checkpointed (its activations recomputed in
+///       backward: the blocks hold their outputs and one block's activations; one more forward)
 ///
 /// Parameter names are those of a PyTorch module with members wte, wpe, blocks (a ModuleList of
 /// blocks with ln1, attn.qkv, attn.proj, ln2, mlp.0, mlp.2), ln_f and head: an export
@@ -27,6 +29,7 @@
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/layers/activations.hpp"
 #include "xtrain/layers/attention.hpp"
+#include "xtrain/layers/checkpointed.hpp"
 #include "xtrain/layers/embedding.hpp"
 #include "xtrain/layers/layer_norm.hpp"
 #include "xtrain/layers/linear.hpp"
@@ -55,6 +58,7 @@ struct GPTConfig {
   std::size_t layers = 4;  ///< transformer blocks
   std::size_t heads = 4;   ///< attention heads per block
   std::size_t embd = 128;  ///< width of the residual stream
+  bool recompute = false;  ///< recompute each block's activations in backward (layers::Checkpointed)
 };
 
 class GPT {
@@ -70,7 +74,7 @@ class GPT {
         head_(config.embd, config.vocab, false) {
     blocks_.reserve(config.layers);
     for (std::size_t i = 0; i < config.layers; ++i) {
-      blocks_.push_back(transformer_block(config.embd, config.heads));
+      blocks_.emplace_back(transformer_block(config.embd, config.heads), config.recompute);
       names_.push_back("blocks." + std::to_string(i));
     }
     head_.weight().tie(wte_.weight());
@@ -159,13 +163,20 @@ class GPT {
   const GPTConfig& config() const noexcept { return config_; }
   Embedding& wte() noexcept { return wte_; }
   Embedding& wpe() noexcept { return wpe_; }
-  TransformerBlock& block(std::size_t i) { return blocks_.at(i); }
+  TransformerBlock& block(std::size_t i) { return blocks_.at(i).module(); }
+  /// Block i in its recomputation wrapper (Checkpointed: enabled with GPTConfig::recompute).
+  Checkpointed<TransformerBlock>& checkpointed(std::size_t i) { return blocks_.at(i); }
+  /// Turns the blocks' recomputation on or off (GPTConfig::recompute; between steps).
+  void set_recompute(bool on) noexcept {
+    config_.recompute = on;
+    for (auto& b : blocks_) b.set_enabled(on);
+  }
   LayerNorm& ln_f() noexcept { return ln_f_; }
   Linear& head() noexcept { return head_; }
   std::string describe() const {
     return "GPT(vocab=" + std::to_string(config_.vocab) + ", block=" + std::to_string(config_.block) +
            ", layers=" + std::to_string(config_.layers) + ", heads=" + std::to_string(config_.heads) +
-           ", embd=" + std::to_string(config_.embd) + ")";
+           ", embd=" + std::to_string(config_.embd) + (config_.recompute ? ", recompute" : "") + ")";
   }
 
  private:
@@ -179,7 +190,7 @@ class GPT {
 
   GPTConfig config_;
   Embedding wte_, wpe_;
-  std::vector<TransformerBlock> blocks_;
+  std::vector<Checkpointed<TransformerBlock>> blocks_;
   std::vector<std::string> names_;
   LayerNorm ln_f_;
   Linear head_;

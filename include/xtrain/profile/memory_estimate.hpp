@@ -32,6 +32,7 @@
 #include "xtrain/core/concepts.hpp"
 #include "xtrain/core/memory.hpp"
 #include "xtrain/core/profiler.hpp"
+#include "xtrain/core/recompute_memory.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/loss/cross_entropy.hpp"
 #include "xtrain/parallel/buckets.hpp"
@@ -72,17 +73,20 @@ class PeakMeter {
     heap0_ = heap_in_use();
     memory::reset_peak();
     live0_ = memory::counters().live;
+    outside0_ = memory::detail::recompute_held();
   }
   /// The peak since start(), in bytes (-1 where the heap cannot be read).
   std::int64_t bytes() const noexcept {
     const std::int64_t heap = heap_in_use();
     if (heap < 0 || heap0_ < 0) return -1;
     const std::int64_t tensors_now = memory::counters().live - live0_, tensor_peak = memory::counters().peak - live0_;
-    return tensor_peak + (heap - heap0_ - tensors_now);
+    // (recomputed blocks' pages are tensors outside the heap)
+    const std::int64_t outside_heap = memory::detail::recompute_held() - outside0_;
+    return tensor_peak + (heap - heap0_ - (tensors_now - outside_heap));
   }
 
  private:
-  std::int64_t heap0_ = 0, live0_ = 0;
+  std::int64_t heap0_ = 0, live0_ = 0, outside0_ = 0;
 };
 
 /// What the run looks like beyond the model, optimizer and batch.
@@ -109,6 +113,8 @@ struct MemoryEstimate {
   std::int64_t optimizer_bytes = 0;       ///< optimizer state (this rank's block with ZeRO-1 and 2)
   std::int64_t low_precision_copies = 0;  ///< 16-bit weight copies kept between steps (none: see docs)
   std::int64_t activation_bytes = 0;      ///< what the modules keep between forward and backward, and dx buffers
+  std::int64_t recomputed_bytes = 0;      ///< of the modules' buffers, what recomputed blocks (Checkpointed) do
+                                          ///< not hold at the step's peak (already out of activation_bytes)
   std::int64_t data_bytes = 0;            ///< the batch (inputs and targets; two with MemoryOptions::prefetch)
   std::int64_t evaluation_bytes = 0;      ///< forward buffers growing to the evaluation batch
   std::int64_t workspace_bytes = 0;       ///< everything else the step allocates (GEMM panels, loss, casts)
@@ -157,6 +163,9 @@ struct DryRun {
   std::int64_t parameters = 0, gradients = 0, optimizer = 0, data = 0, evaluation = 0;
   std::int64_t activations = 0, forward = 0;  // all modules; their forwards alone
   std::int64_t largest_bucket = 0;            // the largest gradient bucket (of the DryRun's bucket_bytes)
+  // Recomputed blocks (Checkpointed): the module buffers they allocated (outside the backend's
+  // memory), and what of the modules' buffers the step did not hold at its peak.
+  std::int64_t recompute_allocated = 0, recompute_released = 0;
   std::size_t parameter_count = 0;
   std::vector<std::pair<std::string, std::pair<std::int64_t, std::int64_t>>> modules;
 };
@@ -202,6 +211,10 @@ DryRun dry_run(const Model& model, const Optimizer& optimizer, std::size_t batch
     Input x(engine.memory());
     dry_run_batch(x, Shape(dims));
     r.data = memory::counters().live - data0;
+    const std::int64_t outer_peak = memory::counters().peak;  // (a caller's PeakMeter keeps its reading)
+    memory::reset_peak();
+    const std::int64_t live0 = memory::counters().live, allocated0 = memory::counters().allocated,
+                       recompute0 = memory::detail::recompute_allocated();
     const Tensor<float>& out = engine.forward(x, 0);
     const std::int64_t target0 = memory::counters().live;
     auto y = [&] {
@@ -211,6 +224,11 @@ DryRun dry_run(const Model& model, const Optimizer& optimizer, std::size_t batch
     r.data += memory::counters().live - target0;
     engine.loss_forward(out, y, static_cast<double>(batch));
     engine.backward(engine.loss_backward(), true);
+    r.recompute_allocated = memory::detail::recompute_allocated() - recompute0;
+    if (r.recompute_allocated > 0)  // what the step allocated less its peak: the buffers parked by recomputation
+      r.recompute_released =
+          std::max<std::int64_t>(0, (memory::counters().allocated - allocated0) - (memory::counters().peak - live0));
+    memory::counters().peak = std::max(memory::counters().peak, outer_peak);
     engine.step(true, batch);
     r.held = engine.memory().stats().live;  // arena, state, activations, batch, workspaces
     // Per module: the tensor bytes its forward and its backward allocated (self, children apart).
@@ -242,6 +260,7 @@ DryRun dry_run(const Model& model, const Optimizer& optimizer, std::size_t batch
       r.evaluation = std::max<std::int64_t>(0, engine.memory().stats().live - before - input) + input;
     }
   }
+  if (r.recompute_allocated > 0) memory::release_parked();  // the copy's parked pages: not the caller's to keep
   return r;
 }
 
@@ -275,6 +294,8 @@ MemoryEstimate estimate_memory(const Model& model, const Optimizer& optimizer, s
     r.held = lerp(a.held, b.held);
     r.data = lerp(a.data, b.data);
     r.activations = lerp(a.activations, b.activations);
+    r.recompute_allocated = lerp(a.recompute_allocated, b.recompute_allocated);
+    r.recompute_released = lerp(a.recompute_released, b.recompute_released);
     for (std::size_t i = 0; i < r.modules.size() && i < a.modules.size(); ++i) {
       r.modules[i].second.first = lerp(a.modules[i].second.first, b.modules[i].second.first);
       r.modules[i].second.second = lerp(a.modules[i].second.second, b.modules[i].second.second);
@@ -301,12 +322,13 @@ MemoryEstimate estimate_memory(const Model& model, const Optimizer& optimizer, s
              zero2 = options.shard_gradients && ranks > 1;
   if (zero1) m.optimizer_bytes = (r.optimizer + ranks - 1) / ranks;
   if (zero2) m.gradient_bytes = (r.gradients + ranks - 1) / ranks;
-  m.activation_bytes = r.activations;
+  m.activation_bytes = r.activations - r.recompute_released;
+  m.recomputed_bytes = r.recompute_released;
   m.data_bytes = options.prefetch ? 2 * r.data : r.data;
   m.evaluation_bytes = r.evaluation;
   m.modules = r.modules;
-  m.workspace_bytes =
-      std::max<std::int64_t>(0, r.held - (r.parameters + r.gradients + r.optimizer + r.activations + r.data));
+  m.workspace_bytes = std::max<std::int64_t>(
+      0, r.held - (r.parameters + r.gradients + r.optimizer + (r.activations - r.recompute_allocated) + r.data));
   if (zero2) {
     // ZeRO-2: the largest bucket, written by backward before it is reduce-scattered and given
     // back, less the rank's own share of it (counted with the gradients).
@@ -353,6 +375,8 @@ inline std::string memory_table(const std::vector<MemoryEstimate>& estimates, st
         return i < e.modules.size() ? detail::mib(e.modules[i].second.first + e.modules[i].second.second)
                                     : std::string("-");
       });
+  if (std::any_of(estimates.begin(), estimates.end(), [](const MemoryEstimate& e) { return e.recomputed_bytes > 0; }))
+    row("  not held (recomputed blocks)", [](const MemoryEstimate& e) { return detail::mib(-e.recomputed_bytes); });
   row("activations (all modules)", [](const MemoryEstimate& e) { return detail::mib(e.activation_bytes); });
   row("data batch", [](const MemoryEstimate& e) { return detail::mib(e.data_bytes); });
   if (options.eval_batch)
