@@ -51,8 +51,8 @@ inline std::size_t system_page() noexcept {
 #endif
 }
 
-/// Bytes the calling thread has allocated from RecomputeMemory's pageable blocks (never decreases;
-/// the memory estimator's dry run reads it).
+/// Bytes the calling thread has allocated from RecomputeMemory (never decreases; the memory
+/// estimator's dry run reads it).
 inline std::int64_t& recompute_allocated() noexcept {
   thread_local std::int64_t bytes = 0;
   return bytes;
@@ -259,7 +259,10 @@ class RecomputeMemory final : public Resource {
 
  protected:
   void* do_allocate(std::size_t bytes) override {
-    if (!pageable(bytes)) return ::operator new (bytes, std::align_val_t{alignment});
+    if (!pageable(bytes)) {
+      detail::recompute_allocated() += static_cast<std::int64_t>(bytes - std::min(bytes, alignment));
+      return ::operator new (bytes, std::align_val_t{alignment});
+    }
 #if defined(__linux__)
     // [header page: the allocator's header in its last 64 bytes][data pages], the data aligned to
     // 2 MiB when it spans one (mremap then moves whole page tables).

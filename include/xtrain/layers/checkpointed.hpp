@@ -11,8 +11,10 @@
 ///
 /// Where the dropped activations go: m's buffers come from a memory::RecomputeMemory of its own
 /// (core/recompute_memory.hpp), whose pages are moved, without a copy, to the next checkpointed
-/// block after each call. N checkpointed blocks hold N outputs plus the activations of one block,
-/// and the pages are not given back to the system and faulted in again on every step.
+/// block after each call. N checkpointed blocks hold N outputs (after backward, N input gradients)
+/// plus the activations of one block; blocks of the same sizes (a GPT's) pass the pages on without
+/// page faults. The output is valid until backward (not until the next forward, as other modules'
+/// outputs are): a model whose last module is a Checkpointed has its output read before backward.
 ///
 /// Transparent: m's parameters, buffers and module identities are those of m unwrapped (a GPT's
 /// `blocks.0.attn.qkv.weight` stays that), so a checkpoint or a safetensors export of a run with
@@ -90,8 +92,9 @@ class Checkpointed {
       restore_buffers();
       dx = &module_.backward(ctx, dy);
     }
-    // The input gradient stays (the module before reads it); the output's pages go too: the
-    // next module's backward, the only reader of our output, has run.
+    // The input gradient stays (the module before reads it); the output goes: the next module's
+    // backward, its only reader, has run (a model whose last module is a Checkpointed: read the
+    // output before backward, as the engine's loss and metrics do).
     memory_->park({dx->data(), nullptr});
     return *dx;
   }
@@ -105,8 +108,12 @@ class Checkpointed {
   M& module() noexcept { return module_; }
   const M& module() const noexcept { return module_; }
   bool enabled() const noexcept { return enabled_; }
-  /// Turns recomputation on or off (between steps).
-  void set_enabled(bool on) noexcept { enabled_ = on; }
+  /// Turns recomputation on or off (between steps). Turn it on before the model's first forward:
+  /// buffers m made without it stay where they are (in the backend's memory), and nothing is saved.
+  void set_enabled(bool on) {
+    if (enabled_ && !on) memory_->unpark();  // m runs in its blocks again: pages under all of them
+    enabled_ = on;
+  }
   /// Bytes of m's buffers that are resident now (after forward: its output; after backward: its
   /// input gradient), of those recomputation manages.
   std::size_t resident_bytes() const { return memory_->resident_bytes(); }

@@ -166,8 +166,9 @@ class GPT {
   TransformerBlock& block(std::size_t i) { return blocks_.at(i).module(); }
   /// Block i in its recomputation wrapper (Checkpointed: enabled with GPTConfig::recompute).
   Checkpointed<TransformerBlock>& checkpointed(std::size_t i) { return blocks_.at(i); }
-  /// Turns the blocks' recomputation on or off (GPTConfig::recompute; between steps).
-  void set_recompute(bool on) noexcept {
+  /// Turns the blocks' recomputation on or off (GPTConfig::recompute; between steps; turned on
+  /// after the first forward it saves nothing: layers::Checkpointed::set_enabled).
+  void set_recompute(bool on) {
     config_.recompute = on;
     for (auto& b : blocks_) b.set_enabled(on);
   }

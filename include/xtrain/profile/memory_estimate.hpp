@@ -212,6 +212,9 @@ DryRun dry_run(const Model& model, const Optimizer& optimizer, std::size_t batch
     dry_run_batch(x, Shape(dims));
     r.data = memory::counters().live - data0;
     const std::int64_t outer_peak = memory::counters().peak;  // (a caller's PeakMeter keeps its reading)
+    // The caller's parked pages (a recomputed model trained on this thread) go back to the system
+    // first: the copy's blocks would take them, and its step would seem to hold less than it does.
+    memory::release_parked();
     memory::reset_peak();
     const std::int64_t live0 = memory::counters().live, allocated0 = memory::counters().allocated,
                        recompute0 = memory::detail::recompute_allocated();
@@ -260,7 +263,7 @@ DryRun dry_run(const Model& model, const Optimizer& optimizer, std::size_t batch
       r.evaluation = std::max<std::int64_t>(0, engine.memory().stats().live - before - input) + input;
     }
   }
-  if (r.recompute_allocated > 0) memory::release_parked();  // the copy's parked pages: not the caller's to keep
+  if (r.recompute_allocated > 0) memory::release_parked();  // the copy's parked pages
   return r;
 }
 
