@@ -35,7 +35,7 @@ struct Flags {
   std::string precision = "fp32", optimizer = "adamw", schedule = "constant", project_dir, resume, export_path,
               profile_dir;
   std::size_t threads = 0;  // 0: the backend's default
-  std::size_t bucket_mb = 25;
+  std::size_t bucket_mb = 25, deterministic = 0;
   bool shard_optimizer = false, estimate_memory = false, verify_memory = false, recompute = false;
   std::string zero = "0";
 };
@@ -46,7 +46,7 @@ constexpr const char* usage =
     "           [--schedule constant|cosine] [--warmup N] [--seed N] [--threads N] [--precision fp32|bf16|fp16]\n"
     "           [--eval-every N] [--eval-iters N] [--project-dir DIR] [--resume latest|DIR]\n"
     "           [--export FILE] [--sample N] [--temperature X] [--top-k N] [--profile DIR]\n"
-    "           [--zero 0|1|2] [--bucket-mb N] [--optimizer adamw|adamw8bit] [--recompute]\n"
+    "           [--zero 0|1|2|3] [--deterministic N] [--bucket-mb N] [--optimizer adamw|adamw8bit] [--recompute]\n"
     "           [--estimate-memory [--verify]]\n"
     "  --corpus PATH     a text file, or a folder whose regular files are read in name order\n"
     "                    (*.dat, *.u8 and links skipped); default /usr/share/games/fortunes\n"
@@ -79,7 +79,10 @@ constexpr const char* usage =
     "                    write Chrome traces to DIR\n"
     "  --zero S          ZeRO stage over the P processes (default 0; the same training): 1 each\n"
     "                    steps 1/P of the parameters and keeps 1/P of AdamW's state (also\n"
-    "                    --shard-optimizer), 2 also keeps only 1/P of the gradients\n"
+    "                    --shard-optimizer), 2 also keeps only 1/P of the gradients, 3 also 1/P of\n"
+    "                    the blocks' parameters (each block gathers them for its forward and backward)\n"
+    "  --deterministic N sum the gradients per N sequences in a fixed tree: the same bits on 1, 2 or 4\n"
+    "                    processes (with --zero: N = global batch / P, the bits of --zero 0 with that N)\n"
     "  --bucket-mb N     gradient bucket size in MiB (default 25; DDP's bucket_cap_mb): with --zero 2\n"
     "                    the gradients a process holds during backward\n"
     "  --optimizer O     adamw (default) or adamw8bit: AdamW with its two moments in 8 bits per\n"
@@ -120,7 +123,8 @@ Flags parse(int argc, char** argv) {
       .count("--top-k", f.top_k, true)
       .text("--profile", f.profile_dir)
       .toggle("--shard-optimizer", f.shard_optimizer)
-      .choice("--zero", f.zero, {"0", "1", "2"})
+      .choice("--zero", f.zero, {"0", "1", "2", "3"})
+      .count("--deterministic", f.deterministic, true)
       .count("--bucket-mb", f.bucket_mb)
       .choice("--optimizer", f.optimizer, {"adamw", "adamw8bit"})
       .toggle("--recompute", f.recompute)
@@ -240,6 +244,7 @@ int run(const Flags& flags) {
                      .clip_grad_norm(flags.clip)
                      .param_groups({xtrain::optim::ParamGroup::no_weight_decay()})
                      .zero_stage(zero_stage(flags))
+                     .deterministic(flags.deterministic)
                      .bucket_bytes(flags.bucket_mb << 20)
                      .project_dir(flags.project_dir)
                      .verbose(false);
@@ -268,6 +273,7 @@ int run(const Flags& flags) {
                                                 .ranks = ranks,
                                                 .shard_optimizer = options.zero_stage() >= 1,
                                                 .shard_gradients = options.zero_stage() >= 2,
+                                                .shard_parameters = options.zero_stage() >= 3,
                                                 .bucket_bytes = options.bucket_bytes(),
                                                 .eval_batch = flags.batch};
     estimate = xtrain::profile::estimate_memory<Precision>(model, optimizer, per_rank, memory);
@@ -365,6 +371,10 @@ int run(const Flags& flags) {
                                     static_cast<double>(estimate.total()));
   }
   if (!flags.export_path.empty()) trainer.save_model(flags.export_path);
+  // Under --zero 3 the blocks gather their parameters collectively: every process samples (the
+  // same text: the same seed), the first prints it.
+  std::string text;
+  if (flags.sample > 0 && (main_process || options.zero_stage() >= 3)) text = generate(trainer, vocab, flags);
   if (!flags.profile_dir.empty())
     example::report_profile(profiler, trainer.communicator(), flags.profile_dir, "steps 16-65");
   if (main_process) {
@@ -383,7 +393,7 @@ int run(const Flags& flags) {
     if (flags.sample > 0) {
       std::printf("--- %zu characters sampled (temperature %g, top-k %zu) ---\n", flags.sample,
                   static_cast<double>(flags.temperature), flags.top_k);
-      std::printf("%s\n", generate(trainer, vocab, flags).c_str());
+      std::printf("%s\n", text.c_str());
     }
   }
   return 0;

@@ -187,7 +187,7 @@ void report_model_memory(Trainer& trainer, std::size_t parameters, int zero_stag
   std::size_t state = 0;
   std::remove_cvref_t<decltype(trainer.optimizer())>::visit_state(
       trainer.optimizer_state(), [&](const auto& v) { state += v.size() * sizeof(v[0]); });
-  const double weights = static_cast<double>(trainer.params().size() * sizeof(float)),
+  const double weights = static_cast<double>(trainer.parameter_bytes()),
                grads = static_cast<double>(trainer.gradient_bytes()), mib = 1 << 20;
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);

@@ -10,7 +10,10 @@
 #   gpt_example.sh mpi     EXAMPLE WORK  mpirun -np 2 then 1 process at a global batch of 12: the
 #                                        same validation loss to 1 % (the sums' order differs);
 #                                        --zero 2 on 2 processes: the same loss as --zero 0 to
-#                                        0.1 %, 10 bytes per parameter held, and its estimate
+#                                        0.1 %, 10 bytes per parameter held, and its estimate;
+#                                        --zero 3 --deterministic 6 on 2 processes: byte-identical
+#                                        safetensors to --deterministic 6 on 1, under 0.7x the
+#                                        parameter memory of --zero 2, a sample, and its estimate
 #   gpt_example.sh sigterm EXAMPLE WORK  SIGTERM mid-training: exit code 75 with a checkpoint that
 #                                        --resume latest continues; a resume with other --heads
 #                                        is refused by name
@@ -80,6 +83,22 @@ case "$mode" in
     run "$work/estimate" mpirun -np 2 "$example" "${args[@]}" --zero 2 --estimate-memory
     grep -q 'ZeRO-2' "$work/estimate" && grep -q '^activations (all modules)' "$work/estimate" ||
       { cat "$work/estimate"; echo "FAIL: no ZeRO-2 estimate"; exit 1; }
+    # ZeRO-3 with the deterministic reduction: the bits of the unsharded deterministic run.
+    det=(--corpus "$corpus" --layers 2 --embd 64 --heads 2 --global-batch 12 --iters 30 --eval-every 30
+         --eval-iters 2 --deterministic 6)
+    run "$work/det1" "$example" "${det[@]}" --sample 0 --export "$work/det1.safetensors"
+    run "$work/zero3" mpirun -np 2 "$example" "${det[@]}" --zero 3 --sample 20 --export "$work/zero3.safetensors"
+    cmp "$work/det1.safetensors" "$work/zero3.safetensors" ||
+      { echo "FAIL: --zero 3 --deterministic 6 on 2 processes trained another model than 1 process"; exit 1; }
+    p2=$(sed -n 's/^memory of this process (ZeRO stage 2): parameters \([0-9.]*\) MiB.*$/\1/p' "$work/zero2")
+    p3=$(sed -n 's/^memory of this process (ZeRO stage 3): parameters \([0-9.]*\) MiB.*$/\1/p' "$work/zero3")
+    echo "--zero 3 --deterministic 6: byte-identical safetensors to 1 process; parameters held $p3 MiB (--zero 2: $p2)"
+    # Half the blocks' parameters (the embeddings and ln_f stay whole): well under --zero 2's.
+    awk -v a="${p3:-99}" -v b="${p2:-0}" 'BEGIN { exit !(a < 0.7 * b) }' ||
+      { grep '^memory' "$work/zero3"; echo "FAIL: --zero 3 does not shard the parameters"; exit 1; }
+    grep -q '^--- 20 characters sampled' "$work/zero3" || { echo "FAIL: no sample under --zero 3"; exit 1; }
+    run "$work/estimate3" mpirun -np 2 "$example" "${args[@]}" --zero 3 --estimate-memory
+    grep -q 'ZeRO-3' "$work/estimate3" || { cat "$work/estimate3"; echo "FAIL: no ZeRO-3 estimate"; exit 1; }
     ;;
   sigterm)
     args=(--corpus "$corpus" --layers 2 --embd 32 --heads 2 --block 32 --batch 8 --eval-every 20 --eval-iters 1

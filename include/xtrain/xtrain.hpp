@@ -39,6 +39,7 @@
 #include "xtrain/layers/residual.hpp"
 #include "xtrain/layers/resnet.hpp"
 #include "xtrain/layers/sequential.hpp"
+#include "xtrain/layers/sharded_unit.hpp"
 #include "xtrain/layers/transformer.hpp"
 #include "xtrain/loss/cross_entropy.hpp"
 #include "xtrain/loss/loss.hpp"

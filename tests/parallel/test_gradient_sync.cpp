@@ -38,9 +38,18 @@ TEST_CASE("The options choose the gradient synchronisation mode", "[parallel][sy
     const parallel::ArenaRange block = std::get<2>(sharded).owned();
     REQUIRE(block.size() == arena.size() / 2);
     REQUIRE(block.begin == comm.rank() * arena.size() / 2);
+    // Sharded with the deterministic reduction: one chunk per rank, an ordinary micro-step.
     CHECK_THROWS_WITH(
         mode(parallel::SyncChoice{.deterministic_chunk = 16, .global_batch = 64, .shard_optimizer = true}),
-        Catch::Contains("shard_optimizer and the deterministic reduction cannot be combined"));
+        Catch::Contains("use deterministic(32) for a global batch of 64 on 2 ranks"));
+    const parallel::SyncChoice det{.deterministic_chunk = 32, .global_batch = 64, .shard_optimizer = true};
+    CHECK_THROWS_WITH(mode(det), Catch::Contains("must be a multiple of ranks x 4096"));
+    REQUIRE(det.arena_multiple(2) == 2 * optim::norm_segment);  // blocks of whole segments of the norm
+    auto other = test::mlp();
+    ParamArena det_arena(other, det.arena_multiple(2), memory.get());
+    auto sharded_tree = parallel::make_sync(det, comm, det_arena, *memory);
+    REQUIRE(sharded_tree.index() == 2);
+    REQUIRE(std::get<2>(sharded_tree).chunk() == 0);
     CHECK_THROWS_WITH(mode(parallel::SyncChoice{.deterministic_chunk = 16, .global_batch = 48}),
                       Catch::Contains("cannot be split into equal power-of-two halves over 2 ranks"));
   });

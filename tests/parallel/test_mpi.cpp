@@ -1,6 +1,7 @@
 // Data parallelism over real MPI (run by ctest under mpiexec -n 2 and -n 4, shared memory and
 // TCP). Runs on 1, 2 and 4 ranks are compared inside one job through sub-communicators.
 #define CATCH_CONFIG_RUNNER
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <stdexcept>
@@ -211,6 +212,27 @@ void check_compressed_allreduce(parallel::Compression c) {
   }
 }
 }  // namespace
+
+TEST_CASE("MPI: the range collectives of ZeRO-3 and of the deterministic reduction", "[mpi][zero]") {
+  MpiAllReduce comm;
+  const std::size_t ranks = comm.size(), rank = comm.rank(), block = 37, n = ranks * block;
+  auto value = [](std::size_t r, std::size_t i) { return static_cast<float>(1000 * r + i); };
+  // A range that starts inside rank 0's block and ends inside the last rank's (or rank 0's).
+  const std::size_t lo = 5, hi = n - 3;
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = value(rank, i);
+  comm.allgather_range(v, lo, hi, "allgather_range test");
+  for (std::size_t i = 0; i < n; ++i) {
+    INFO("element " << i);
+    REQUIRE(v[i] == (i >= lo && i < hi ? value(i / block, i) : value(rank, i)));  // the owner's value
+  }
+  for (std::size_t i = 0; i < n; ++i) v[i] = value(rank, i);
+  const std::size_t b = std::clamp(rank * block, lo, hi), e = std::clamp((rank + 1) * block, lo, hi);
+  std::vector<float> out(ranks * (e - b), -1.0f);
+  comm.exchange_range(v, lo, hi, out, "exchange_range test");
+  for (std::size_t r = 0; r < ranks; ++r)
+    for (std::size_t i = b; i < e; ++i) REQUIRE(out[r * (e - b) + i - b] == value(r, i));  // rank r's copy
+}
 
 TEST_CASE("MPI: compressed gradient sums are the fp32 sum of the rounded values, the same on every rank", "[mpi]") {
   check_compressed_allreduce<bf16>(parallel::Compression::bf16);

@@ -1,7 +1,10 @@
-// parallel/sync_sharded.hpp: the sharded optimizer step (ZeRO-1) and sharded gradients (ZeRO-2) on
-// thread-ranks give the parameters of the unsharded run, ZeRO-2 holds 1/N of the gradient memory,
-// and the sharded state is saved whole and resumes unsharded on another rank count.
+// parallel/sync_sharded.hpp: the sharded optimizer step (ZeRO-1), sharded gradients (ZeRO-2) and
+// sharded parameters (ZeRO-3, layers::ShardedUnit) on thread-ranks give the parameters of the
+// unsharded run, ZeRO-2 holds 1/N of the gradient memory and ZeRO-3 1/N of the units' parameters,
+// the deterministic reduction gives the bits of the unsharded one, and the sharded state is saved
+// whole and resumes unsharded on another rank count.
 #include <filesystem>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -26,7 +29,121 @@ std::vector<float> without_padding(std::vector<float> v, std::size_t n) {
   v.resize(n);
   return v;
 }
+
+/// The MLP with two ZeRO-3 units (its first Linear; a Linear and a ReLU) and a Linear outside them.
+auto unit_mlp() {
+  set_seed(11);
+  return layers::Sequential{layers::ShardedUnit{layers::Linear{784, 64}}, layers::ReLU{}, layers::Dropout{0.1f},
+                            layers::ShardedUnit{layers::Sequential{layers::Linear{64, 32}, layers::ReLU{}}},
+                            layers::Linear{32, 10}};
+}
+using UnitTrainer = Trainer<decltype(unit_mlp()), optim::Adam, FullPrecision, ThreadAllReduce>;
+
+/// Rank 0 after one epoch of train3200() on `ranks` thread ranks: its parameters (gathered whole),
+/// the parameter bytes it held between steps, the arena's bytes.
+struct Run {
+  std::vector<float> params;
+  std::size_t held = 0, arena = 0;
+};
+Run train_units(std::size_t ranks, TrainingOptions options, const std::string& save_dir = {}) {
+  Run r;
+  std::mutex m;
+  options.epochs(1).verbose(false);
+  parallel::launch_threads(ranks, [&](ThreadAllReduce& comm) {
+    UnitTrainer t{unit_mlp(), optim::Adam{}.lr(2e-3f), options, comm};
+    if (save_dir.empty()) {
+      t.fit(train3200(), test500());
+    } else {
+      try {
+        t.fit(train3200(), test500(), test::SaveAndStop{save_dir, 20});
+      } catch (const std::runtime_error&) {
+      }
+    }
+    const std::size_t held = t.parameter_bytes();
+    t.with_full_parameters([&] {  // collective: every rank; rank 0 reads
+      std::lock_guard lock(m);
+      if (comm.rank() != 0) return;
+      r.params.assign(t.params().values().begin(), t.params().values().end());
+      r.held = held;
+      r.arena = t.params().size() * sizeof(float);
+    });
+  });
+  return r;
+}
 }  // namespace
+
+TEST_CASE("ZeRO-3: each unit gathers its parameters for its forward and backward; a rank keeps its block of them",
+          "[parallel][zero]") {
+  const auto options = TrainingOptions{}.global_batch_size(64);
+  const std::size_t loose = (320 + 16) * sizeof(float);  // the last Linear's weight and (padded) bias
+  for (const std::size_t ranks : {2u, 4u}) {
+    INFO(ranks << " ranks");
+    const auto plain = train_on(ranks, options, unit_mlp);
+    const Run sharded = train_units(ranks, TrainingOptions{options}.zero_stage(3));
+    REQUIRE(without_padding(sharded.params, plain.size()) == plain);  // the same sums: bitwise
+    // Between steps: this rank's block and the parameters outside the units (and at most a page at
+    // either end of each released range).
+    INFO("holds " << sharded.held << " of " << sharded.arena << " bytes");
+    REQUIRE(sharded.held <= sharded.arena / ranks + loose + 6 * 4096);
+    REQUIRE(sharded.held >= sharded.arena / ranks - 4096);
+  }
+  // Evaluation where a rank's last batch is empty (200 samples in batches of 3 x 66: the last 2 are
+  // ranks 0 and 1's): rank 2 takes part in the units' gathers; the result is the unsharded one.
+  double losses[2] = {0.0, 0.0};
+  for (const int stage : {0, 3})
+    parallel::launch_threads(3, [&](ThreadAllReduce& comm) {
+      UnitTrainer t{unit_mlp(), optim::Adam{}, TrainingOptions{options}.zero_stage(stage).eval_batch_size(66), comm};
+      const double loss = t.evaluate(test200()).loss;
+      if (comm.rank() == 0) losses[stage / 3] = loss;
+    });
+  REQUIRE(losses[1] == losses[0]);
+  REQUIRE(TrainingOptions{}.zero_stage(3).shard_optimizer());
+  REQUIRE_THROWS_WITH(TrainingOptions{}.zero_stage(4), Catch::Contains("zero_stage 4 is not available"));
+  // A model without units has nothing to keep sharded: a clear error.
+  REQUIRE_THROWS_WITH(train_on(2, TrainingOptions{options}.zero_stage(3), mlp),
+                      Catch::Contains("the model has no layers::ShardedUnit"));
+}
+
+TEST_CASE("ZeRO with the deterministic reduction gives the bits of the unsharded deterministic run",
+          "[parallel][zero][deterministic]") {
+  for (const std::size_t ranks : {2u, 4u}) {
+    const std::size_t chunk = 64 / ranks;  // one chunk per rank: the tree of the chunks is the tree of the ranks
+    const auto options = TrainingOptions{}.global_batch_size(64).deterministic(chunk).clip_grad_norm(1.0);
+    const auto unsharded = train_on(1, options, unit_mlp);  // 1 rank, `ranks` chunks
+    for (const int stage : {1, 2, 3}) {
+      INFO(ranks << " ranks, ZeRO-" << stage);
+      REQUIRE(without_padding(train_units(ranks, TrainingOptions{options}.zero_stage(stage)).params,
+                              unsharded.size()) == unsharded);
+    }
+  }
+  // Accumulation: the micro-steps' tree sums are added in order, as the unsharded run does.
+  const auto accumulated = TrainingOptions{}.global_batch_size(64).accumulate(2).deterministic(16);
+  const auto unsharded = train_on(1, accumulated, unit_mlp);
+  for (const int stage : {1, 3}) {
+    INFO("4 ranks, ZeRO-" << stage << ", 2 micro-steps");
+    REQUIRE(without_padding(train_units(4, TrainingOptions{accumulated}.zero_stage(stage)).params, unsharded.size()) ==
+            unsharded);
+  }
+  REQUIRE_THROWS_WITH(train_on(2, TrainingOptions{}.global_batch_size(64).deterministic(16).zero_stage(2), mlp),
+                      Catch::Contains("use deterministic(32) for a global batch of 64 on 2 ranks"));
+}
+
+TEST_CASE("ZeRO-3's state is saved whole and resumes unsharded on another rank count", "[parallel][zero][checkpoint]") {
+  const std::string dir = (std::filesystem::temp_directory_path() / "xtrain_zero3_ckpt").string();
+  std::filesystem::remove_all(dir);
+  const auto options = TrainingOptions{}.global_batch_size(64);
+  const Run straight = train_units(2, TrainingOptions{options}.zero_stage(3));
+  train_units(2, TrainingOptions{options}.zero_stage(3), dir);  // saved after step 20, then interrupted
+  std::vector<float> resumed;
+  parallel::launch_threads(1, [&](ThreadAllReduce& comm) {
+    UnitTrainer t{unit_mlp(), optim::Adam{}.lr(2e-3f), TrainingOptions{options}.epochs(1).verbose(false), comm};
+    t.load_state(dir);
+    t.fit(train3200(), test500());
+    resumed.assign(t.params().values().begin(), t.params().values().end());
+  });
+  REQUIRE(max_abs_diff(without_padding(straight.params, resumed.size()), resumed) <= 1e-5f);
+  std::filesystem::remove_all(dir);
+}
 
 TEST_CASE("Sharded optimizer step (ZeRO-1) gives the parameters of the unsharded one", "[parallel][zero]") {
   for (const std::size_t ranks : {2u, 4u}) {
@@ -81,7 +198,6 @@ TEST_CASE("ZeRO-2 reduce-scatters each gradient bucket, keeps 1/N of the gradien
   REQUIRE(max_abs_diff(without_padding(train_on(2, TrainingOptions{accumulated}.zero_stage(2), mlp), plain.size()),
                        plain) <= 1e-5f);
   REQUIRE(TrainingOptions{}.zero_stage(2).shard_optimizer());
-  REQUIRE_THROWS_WITH(TrainingOptions{}.zero_stage(3), Catch::Contains("stage 3 (sharded parameters) is not"));
 }
 
 TEST_CASE("A sharded optimizer state is saved whole and resumes unsharded on another rank count",

@@ -75,8 +75,21 @@ TEST_CASE("estimate_memory: parameters, gradients and Adam state are 16 bytes pe
   REQUIRE(zero2.optimizer_bytes == sharded.optimizer_bytes);
   REQUIRE(zero2.gradient_bytes == Approx(static_cast<double>(e.gradient_bytes) / 4).epsilon(0.01));
   REQUIRE(zero2.bytes_per_parameter() == Approx(7.0).epsilon(0.01));
-  REQUIRE(zero2.communication_bytes == std::int64_t{784} * 1024 * 4 * 3 / 4);
+  REQUIRE(zero2.communication_bytes == 3 * (std::int64_t{784} * 1024 * 4 * 3 / 4));  // two more in flight (MPI)
   REQUIRE(profile::memory_table({e, b}, 64, options).find("bytes per parameter") != std::string::npos);
+  // ZeRO-3: of the parameters, the rank's quarter of the units', those outside the units, and the
+  // largest unit (gathered while it runs); gradients and state as ZeRO-2.
+  const profile::MemoryEstimate zero3 = profile::estimate_memory<FullPrecision>(
+      nn::Sequential{nn::ShardedUnit{nn::Linear{784, 1024}}, nn::ReLU{}, nn::Linear{1024, 10}}, optim::Adam{}, 64,
+      profile::MemoryOptions{
+          .sample_shape = Shape{784}, .ranks = 4, .shard_parameters = true, .bucket_bytes = std::size_t{1} << 20});
+  const std::int64_t unit = (784 * 1024 + 1024) * 4, outside = (1024 * 10 + 16) * 4;  // (the bias padded to 16)
+  REQUIRE(zero3.parameter_bytes == outside + unit / 4 + unit);
+  REQUIRE(zero3.gradient_bytes == zero2.gradient_bytes);
+  REQUIRE(zero3.optimizer_bytes == zero2.optimizer_bytes);
+  REQUIRE(profile::memory_table(
+              {zero3}, 64, profile::MemoryOptions{.sample_shape = Shape{784}, .ranks = 4, .shard_parameters = true})
+              .find("ZeRO-3") != std::string::npos);
 }
 
 TEST_CASE("estimate_memory is within 10% of the peak measured while training and evaluating", "[memory]") {

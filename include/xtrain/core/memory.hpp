@@ -264,6 +264,16 @@ Resource& resource_of(const T* p) noexcept {
   return *std::launder(reinterpret_cast<const detail::BlockHeader*>(block))->owner;
 }
 
+/// The system's page size in bytes (4096 off Linux).
+inline std::size_t page_size() noexcept {
+#if defined(__linux__)
+  static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  return page;
+#else
+  return 4096;
+#endif
+}
+
 /// Floats in pages of their own, zero at first, whose ranges can be given back to the system:
 /// `release(begin, end)` zeroes them, and on Linux (an anonymous mapping, MADV_DONTNEED) the whole
 /// pages inside take no memory until written again. What ZeRO-2 keeps its gradients in: backward
@@ -341,14 +351,6 @@ class PageBuffer {
   }
 
  private:
-  static std::size_t page_size() noexcept {
-#if defined(__linux__)
-    static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-    return page;
-#else
-    return 4096;
-#endif
-  }
   static std::size_t round_up(std::size_t bytes) noexcept {
     const std::size_t page = page_size();
     return (bytes + page - 1) / page * page;

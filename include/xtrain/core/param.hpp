@@ -8,13 +8,16 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
+#include <new>
 #include <numeric>
 #include <span>
 #include <vector>
 
 #include "xtrain/core/error.hpp"
+#include "xtrain/core/memory.hpp"
 
 namespace xtrain {
 
@@ -41,8 +44,8 @@ class Param {
       : shape_(std::move(shape)),
         size_(std::accumulate(shape_.begin(), shape_.end(), std::size_t{1}, std::multiplies<>{})),
         own_(std::make_shared<Storage>(size_)),
-        values_(own_->values.data()),
-        grads_(own_->grads.data()) {}
+        values_(own_->values.get()),
+        grads_(own_->grads.get()) {}
 
   /// A copy owns a copy of the values and gradients (it never aliases the source's arena). A copy
   /// of a tied parameter keeps its tie token: the two uses in a copied model hold separate copies
@@ -50,10 +53,11 @@ class Param {
   Param(const Param& other) : shape_(other.shape_), size_(other.size_), tie_(other.tie_) {
     if (size_ == 0) return;
     own_ = std::make_shared<Storage>(size_);
-    std::copy_n(other.values_, size_, own_->values.data());
-    std::copy_n(other.grads_, size_, own_->grads.data());
-    values_ = own_->values.data();
-    grads_ = own_->grads.data();
+    std::copy_n(other.values_, size_, own_->values.get());
+    if (std::any_of(other.grads_, other.grads_ + size_, [](float g) { return g != 0.0f; }))  // (zeros: untouched)
+      std::copy_n(other.grads_, size_, own_->grads.get());
+    values_ = own_->values.get();
+    grads_ = own_->grads.get();
   }
   Param& operator=(const Param& other) {
     if (this != &other) *this = Param(other);
@@ -97,12 +101,15 @@ class Param {
   /// The arena slot (index of its ParamArena entry), or no_slot before adoption.
   std::uint32_t slot() const noexcept { return slot_; }
 
+  /// What rebind() copies into the new storage.
+  enum class Copy { both, values, none };
   /// Moves the values and gradients into external storage and views it from now on (an arena
-  /// does this at adoption). Requires: `values` and `grads` hold `size()` floats and outlive this
-  /// Param's use.
-  void rebind(float* values, float* grads, std::uint32_t slot) noexcept {
-    if (values != values_) std::copy_n(values_, size_, values);
-    if (grads != grads_) std::copy_n(grads_, size_, grads);
+  /// does this at adoption). `copy`: what to copy there (an arena adopting a model copies the
+  /// values only: its gradients start at zero; one that moved its buffer whole, nothing).
+  /// Requires: `values` and `grads` hold `size()` floats and outlive this Param's use.
+  void rebind(float* values, float* grads, std::uint32_t slot, Copy copy = Copy::both) noexcept {
+    if (values != values_ && copy != Copy::none) std::copy_n(values_, size_, values);
+    if (grads != grads_ && copy == Copy::both) std::copy_n(grads_, size_, grads);
     values_ = values;
     grads_ = grads;
     slot_ = slot;
@@ -110,9 +117,31 @@ class Param {
   }
 
  private:
+  // n zeros: 16 pages or more are pages of their own (given back to the system when freed, and
+  // taking no memory until written: the gradients of a model an arena adopts never are), fewer
+  // come from calloc.
+  class Zeros {
+   public:
+    explicit Zeros(std::size_t n) {
+      if (n * sizeof(float) >= 16 * memory::page_size()) {
+        pages_ = memory::PageBuffer(n);
+      } else {
+        small_.reset(static_cast<float*>(std::calloc(n ? n : 1, sizeof(float))));
+        if (!small_) throw std::bad_alloc();
+      }
+    }
+    float* get() noexcept { return small_ ? small_.get() : pages_.span().data(); }
+
+   private:
+    struct Free {
+      void operator()(float* p) const noexcept { std::free(p); }
+    };
+    std::unique_ptr<float[], Free> small_;
+    memory::PageBuffer pages_;
+  };
   struct Storage {
-    explicit Storage(std::size_t n) : values(n, 0.0f), grads(n, 0.0f) {}
-    std::vector<float> values, grads;
+    explicit Storage(std::size_t n) : values(n), grads(n) {}
+    Zeros values, grads;
   };
 
   std::vector<std::size_t> shape_;

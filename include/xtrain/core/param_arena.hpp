@@ -43,11 +43,14 @@ class ParamArena {
   ParamArena() = default;
 
   /// Adopts every parameter of `model` (in visit order = layer order), its buffers from `memory`
-  /// (null: the calling thread's current resource).
+  /// (null: the calling thread's current resource), or with `paged` in pages of their own
+  /// (memory::PageBuffer: ranges of them can be given back, as sharded training does; the
+  /// gradients take no memory until written).
   /// Ensures: values unchanged, gradients zero, each Param views its slice.
   template <class Model>
-  explicit ParamArena(Model& model, std::size_t multiple = alignment, memory::Resource* memory = nullptr)
-      : values_(memory::Allocator<float>(memory)), grads_(memory::Allocator<float>(memory)) {
+  explicit ParamArena(Model& model, std::size_t multiple = alignment, memory::Resource* memory = nullptr,
+                      bool paged = false)
+      : values_(memory::Allocator<float>(memory)), grads_(memory::Allocator<float>(memory)), paged_(paged) {
     adopt(model, multiple);
   }
 
@@ -82,12 +85,18 @@ class ParamArena {
     XTRAIN_CHECK(entries_.size() < Param::no_slot, ValueError, "ParamArena: too many parameters");
     natural_size_ = total;
     total = (total + multiple - 1) / multiple * multiple;
-    values_.assign(total, 0.0f);
-    grads_.assign(total, 0.0f);
-    value_view_ = {values_.data(), values_.size()};
-    grad_view_ = {grads_.data(), grads_.size()};
-    rebind(model, slot_of_use);
-    zero_grad();
+    if (paged_) {
+      value_pages_ = memory::PageBuffer(total);
+      grad_pages_ = memory::PageBuffer(total);
+      value_view_ = value_pages_.span();
+      grad_view_ = grad_pages_.span();
+    } else {
+      values_.assign(total, 0.0f);
+      grads_.assign(total, 0.0f);
+      value_view_ = {values_.data(), values_.size()};
+      grad_view_ = {grads_.data(), grads_.size()};
+    }
+    rebind(model, slot_of_use);  // the values copied; the gradients are the buffer's zeros
   }
 
   /// Moves the gradients of `model` (adopted by this arena) into `storage` (at least size()
@@ -97,13 +106,18 @@ class ParamArena {
   /// arena's own gradient buffer released.
   template <class Model>
   void move_gradients_to(Model& model, std::span<float> storage, bool copy = true) {
-    move_to(model, grad_view_, grads_, storage, "gradient", copy);
+    move_to(model, grad_view_, grads_, grad_pages_, storage, "gradient", copy);
   }
   /// The same for the parameter values (the sharded optimizer's all-gather reads them in place).
   template <class Model>
   void move_values_to(Model& model, std::span<float> storage) {
-    move_to(model, value_view_, values_, storage, "parameter");
+    move_to(model, value_view_, values_, value_pages_, storage, "parameter");
   }
+
+  /// The pages of the values and of the gradients of an arena made `paged` (null otherwise, or
+  /// once moved elsewhere).
+  memory::PageBuffer* value_pages() noexcept { return value_pages_.size() ? &value_pages_ : nullptr; }
+  memory::PageBuffer* grad_pages() noexcept { return grad_pages_.size() ? &grad_pages_ : nullptr; }
 
   std::span<float> values() noexcept { return value_view_; }
   std::span<const float> values() const noexcept { return value_view_; }
@@ -145,22 +159,22 @@ class ParamArena {
     std::size_t use = 0;
     visit_parameters(model, [&](const std::string&, Param& p, ParamKind) {
       const std::uint32_t i = slot_of_use[use++];
-      p.rebind(value_view_.data() + entries_[i].offset, grad_view_.data() + entries_[i].offset, i);
+      p.rebind(value_view_.data() + entries_[i].offset, grad_view_.data() + entries_[i].offset, i, Param::Copy::values);
     });
   }
-  // After adoption: every use knows its slot.
+  // After adoption (every use knows its slot): views only, the buffers already hold the values.
   template <class Model>
   void rebind(Model& model) {
     visit_parameters(model, [&](const std::string&, Param& p, ParamKind) {
       const std::uint32_t i = p.slot();
-      p.rebind(value_view_.data() + entries_[i].offset, grad_view_.data() + entries_[i].offset, i);
+      p.rebind(value_view_.data() + entries_[i].offset, grad_view_.data() + entries_[i].offset, i, Param::Copy::none);
     });
   }
   // Copies `view` into `storage` (zero padding after it), points `view` and every Param there,
-  // releases `own`.
+  // releases `own` (or `pages`).
   template <class Model>
-  void move_to(Model& model, std::span<float>& view, AlignedVector& own, std::span<float> storage, const char* what,
-               bool copy = true) {
+  void move_to(Model& model, std::span<float>& view, AlignedVector& own, memory::PageBuffer& pages,
+               std::span<float> storage, const char* what, bool copy = true) {
     XTRAIN_CHECK(storage.size() >= size(), ValueError, "ParamArena: ", what, " storage of ", storage.size(),
                  " floats for ", size(), " values");
     if (copy) {
@@ -170,19 +184,23 @@ class ParamArena {
     view = storage.first(size());
     rebind(model);
     AlignedVector(own.get_allocator()).swap(own);
+    pages = memory::PageBuffer();
   }
 
   AlignedVector values_, grads_;
-  std::span<float> value_view_, grad_view_;  // values_, grads_, or storage given to move_*_to
+  bool paged_ = false;
+  memory::PageBuffer value_pages_, grad_pages_;  // paged: instead of values_, grads_
+  std::span<float> value_view_, grad_view_;      // values_, grads_, the pages, or storage given to move_*_to
   std::size_t natural_size_ = 0;
   std::vector<ParamEntry> entries_;
 };
 
 /// What an engine does when it takes a model: gives every module its identity (assign_module_ids),
 /// moves the model's buffers (BatchNorm's running statistics, made with the model) into `memory`,
-/// and returns the arena of its parameters there, its length a multiple of `multiple`.
+/// and returns the arena of its parameters there (`paged`: in pages of their own), its length a
+/// multiple of `multiple`.
 template <class Model>
-ParamArena adopt_model(Model& model, std::size_t multiple, memory::Resource& memory) {
+ParamArena adopt_model(Model& model, std::size_t multiple, memory::Resource& memory, bool paged = false) {
   assign_module_ids(model);
   visit_buffers(
       model,
@@ -191,7 +209,7 @@ ParamArena adopt_model(Model& model, std::size_t multiple, memory::Resource& mem
           buffer = Tensor<float>(buffer, memory);
       },
       true);
-  return ParamArena(model, multiple, &memory);
+  return ParamArena(model, multiple, &memory, paged);
 }
 
 }  // namespace xtrain

@@ -42,15 +42,6 @@
 namespace xtrain::memory {
 
 namespace detail {
-inline std::size_t system_page() noexcept {
-#if defined(__linux__)
-  static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  return page;
-#else
-  return 4096;
-#endif
-}
-
 /// Bytes the calling thread has allocated from RecomputeMemory (never decreases; the memory
 /// estimator's dry run reads it).
 inline std::int64_t& recompute_allocated() noexcept {
@@ -146,7 +137,7 @@ inline PagePool& page_pool() {
 inline bool pages_can_move() {
 #if defined(__linux__)
   static const bool can = [] {
-    const std::size_t page = detail::system_page();
+    const std::size_t page = page_size();
     void* p = ::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return false;
     static_cast<volatile char*>(p)[0] = 1;
@@ -238,7 +229,7 @@ class RecomputeMemory final : public Resource {
     std::size_t n = 0;
     for (const Block& b : blocks_) {
 #if defined(__linux__)
-      const std::size_t page = detail::system_page(), pages = b.bytes / page;
+      const std::size_t page = page_size(), pages = b.bytes / page;
       std::vector<unsigned char> in(pages);
       if (::mincore(b.data, b.bytes, in.data()) != 0) {
         n += b.bytes;
@@ -266,7 +257,7 @@ class RecomputeMemory final : public Resource {
 #if defined(__linux__)
     // [header page: the allocator's header in its last 64 bytes][data pages], the data aligned to
     // 2 MiB when it spans one (mremap then moves whole page tables).
-    const std::size_t page = detail::system_page(), data_bytes = round_up(bytes - alignment, page);
+    const std::size_t page = page_size(), data_bytes = round_up(bytes - alignment, page);
     const std::size_t align = data_bytes >= huge ? huge : page;
     const std::size_t total = page + data_bytes + (align - page);
     void* raw = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -312,7 +303,7 @@ class RecomputeMemory final : public Resource {
           counters().live += blocks_[i].counted;
         else
           detail::recompute_held() -= blocks_[i].counted;
-        ::munmap(data - detail::system_page(), detail::system_page() + blocks_[i].bytes);
+        ::munmap(data - page_size(), page_size() + blocks_[i].bytes);
         blocks_.erase(blocks_.begin() + static_cast<std::ptrdiff_t>(i));
         return;
       }
@@ -324,7 +315,7 @@ class RecomputeMemory final : public Resource {
   static std::size_t round_up(std::size_t n, std::size_t to) noexcept { return (n + to - 1) / to * to; }
   static bool pageable(std::size_t bytes) noexcept {
 #if defined(__linux__)
-    return bytes >= 4 * detail::system_page() + alignment;
+    return bytes >= 4 * page_size() + alignment;
 #else
     (void)bytes;
     return false;

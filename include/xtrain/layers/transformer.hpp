@@ -9,6 +9,8 @@
 ///       head.weight is wte.weight (weight tying: one parameter, its gradient the sum of both uses)
 ///   GPTConfig::recompute: each block wrapped in Checkpointed (its activations recomputed in
 ///       backward: the blocks hold their outputs and one block's activations; one more forward)
+///   each block is a ShardedUnit (under zero_stage(3) its parameters are gathered for its forward
+///       and backward only; otherwise it calls the block directly)
 ///
 /// Parameter names are those of a PyTorch module with members wte, wpe, blocks (a ModuleList of
 /// blocks with ln1, attn.qkv, attn.proj, ln2, mlp.0, mlp.2), ln_f and head: an export
@@ -35,6 +37,7 @@
 #include "xtrain/layers/linear.hpp"
 #include "xtrain/layers/residual.hpp"
 #include "xtrain/layers/sequential.hpp"
+#include "xtrain/layers/sharded_unit.hpp"
 
 namespace xtrain::layers {
 
@@ -74,7 +77,8 @@ class GPT {
         head_(config.embd, config.vocab, false) {
     blocks_.reserve(config.layers);
     for (std::size_t i = 0; i < config.layers; ++i) {
-      blocks_.emplace_back(transformer_block(config.embd, config.heads), config.recompute);
+      blocks_.emplace_back(
+          Checkpointed<TransformerBlock>(transformer_block(config.embd, config.heads), config.recompute));
       names_.push_back("blocks." + std::to_string(i));
     }
     head_.weight().tie(wte_.weight());
@@ -163,14 +167,16 @@ class GPT {
   const GPTConfig& config() const noexcept { return config_; }
   Embedding& wte() noexcept { return wte_; }
   Embedding& wpe() noexcept { return wpe_; }
-  TransformerBlock& block(std::size_t i) { return blocks_.at(i).module(); }
+  TransformerBlock& block(std::size_t i) { return blocks_.at(i).module().module(); }
   /// Block i in its recomputation wrapper (Checkpointed: enabled with GPTConfig::recompute).
-  Checkpointed<TransformerBlock>& checkpointed(std::size_t i) { return blocks_.at(i); }
+  Checkpointed<TransformerBlock>& checkpointed(std::size_t i) { return blocks_.at(i).module(); }
+  /// Block i as a unit of ZeRO-3 (layers::ShardedUnit).
+  ShardedUnit<Checkpointed<TransformerBlock>>& unit(std::size_t i) { return blocks_.at(i); }
   /// Turns the blocks' recomputation on or off (GPTConfig::recompute; between steps; turned on
   /// after the first forward it saves nothing: layers::Checkpointed::set_enabled).
   void set_recompute(bool on) {
     config_.recompute = on;
-    for (auto& b : blocks_) b.set_enabled(on);
+    for (auto& b : blocks_) b.module().set_enabled(on);
   }
   LayerNorm& ln_f() noexcept { return ln_f_; }
   Linear& head() noexcept { return head_; }
@@ -191,7 +197,7 @@ class GPT {
 
   GPTConfig config_;
   Embedding wte_, wpe_;
-  std::vector<Checkpointed<TransformerBlock>> blocks_;
+  std::vector<ShardedUnit<Checkpointed<TransformerBlock>>> blocks_;
   std::vector<std::string> names_;
   LayerNorm ln_f_;
   Linear head_;

@@ -62,6 +62,29 @@ concept ReduceScattersRanges = requires(C& c, std::span<float> f, std::size_t i)
   c.reduce_scatter_range(f, i, i, "name");
 };
 
+/// Optional: a non-blocking reduce_scatter_range: `ireduce_scatter_range(buffer, lo, hi, name)`
+/// returns a Request (poll with test(), complete with wait()); once complete, this rank's
+/// elements of [lo, hi) hold their sums starting at `lo` (as MPI_Reduce_scatter leaves them in
+/// place: the caller moves them where they belong). ZeRO-2 overlaps its buckets' reductions with
+/// backward through it.
+template <class C>
+concept IReduceScattersRanges = requires(C& c, std::span<float> f, std::size_t i) {
+  { c.ireduce_scatter_range(f, i, i, "name") } -> std::same_as<typename C::Request>;
+};
+
+/// Optional: a communicator that gathers part of a buffer and exchanges blocks of it:
+/// `allgather_range(buffer, lo, hi, name)` (of the elements [lo, hi), each rank's part in its
+/// block rank() copied to every rank; `buffer` cut into size() equal blocks as for
+/// allgather_blocks) and `exchange_range(buffer, lo, hi, out, name)` (an all-to-all: `out` gets,
+/// rank by rank, every rank's values of [lo, hi) that fall in this rank's block). ZeRO-3 gathers
+/// a unit's parameters with the first; the deterministic reduction under ZeRO sums what the
+/// second brings in a fixed tree.
+template <class C>
+concept GathersRanges = requires(C& c, std::span<float> f, std::span<const float> cf, std::size_t i) {
+  c.allgather_range(f, i, i, "name");
+  c.exchange_range(cf, i, i, f, "name");
+};
+
 /// Buffers a communicator provides in memory its peers read (MpiAllReduce's node segment): the
 /// Engine moves its gradients (and, sharded, its parameters) there so that collectives read them
 /// in place. An empty span: keep the arena's own buffer.

@@ -33,6 +33,11 @@ struct SingleProcess {
   void reduce_scatter_sum(std::span<float>, const char*) noexcept {}
   void reduce_scatter_range(std::span<float>, std::size_t, std::size_t, const char*) noexcept {}
   void allgather_blocks(std::span<float>, const char*) noexcept {}
+  void allgather_range(std::span<float>, std::size_t, std::size_t, const char*) noexcept {}
+  void exchange_range(std::span<const float> v, std::size_t lo, std::size_t hi, std::span<float> out,
+                      const char*) noexcept {
+    std::copy(v.begin() + static_cast<std::ptrdiff_t>(lo), v.begin() + static_cast<std::ptrdiff_t>(hi), out.begin());
+  }
 };
 
 }  // namespace xtrain::parallel

@@ -1,16 +1,19 @@
 #pragma once
 /// \file sync_modes.hpp
 /// The gradient synchronisation modes an engine can run, and the choice among them from the
-/// options: `deterministic(chunk)` selects TreeSync, `zero_stage` 1 or 2 (`shard_optimizer`) on
-/// several ranks ShardedSync, anything else AllReduceSync. A new mode models GradientSync in a file of its
+/// options: `zero_stage` 1, 2 or 3 (`shard_optimizer`) on several ranks selects ShardedSync (with
+/// the deterministic reduction: its tree over the ranks), `deterministic(chunk)` otherwise
+/// TreeSync, anything else AllReduceSync. A new mode models GradientSync in a file of its
 /// own and is added to SyncModes and to make_sync here.
 
+#include <algorithm>
 #include <cstddef>
 #include <variant>
 
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/memory.hpp"
 #include "xtrain/core/param_arena.hpp"
+#include "xtrain/optim/clip.hpp"
 #include "xtrain/parallel/communicator.hpp"
 #include "xtrain/parallel/gradient_sync.hpp"
 #include "xtrain/parallel/single_process.hpp"
@@ -35,12 +38,21 @@ struct SyncChoice {
   bool shard_optimizer = false;          ///< ShardedSync (on more than one rank)
   std::size_t state_granule = 1;         ///< the optimizer's state blocks (optim::state_granule)
   bool shard_gradients = false;          ///< ShardedSync's stage 2 (implies shard_optimizer)
+  bool shard_parameters = false;         ///< ShardedSync's stage 3 (implies shard_gradients)
 
   /// Whether the optimizer step is sharded over `ranks` ranks.
-  bool sharded(std::size_t ranks) const noexcept { return (shard_optimizer || shard_gradients) && ranks > 1; }
+  bool sharded(std::size_t ranks) const noexcept {
+    return (shard_optimizer || shard_gradients || shard_parameters) && ranks > 1;
+  }
+  /// Whether the arena lives in pages whose ranges ShardedSync gives back (stages 2 and 3).
+  bool pages(std::size_t ranks) const noexcept { return sharded(ranks) && stage() >= 2; }
+  /// ShardedSync's stage: 3, 2 or 1.
+  int stage() const noexcept { return shard_parameters ? 3 : shard_gradients ? 2 : 1; }
   /// What the parameter arena's size must be a multiple of (ShardedSync's equal blocks).
+  /// (Sharded with the deterministic reduction: blocks of whole segments of the clipping norm.)
   std::size_t arena_multiple(std::size_t ranks) const noexcept {
-    return shard_optimizer || shard_gradients ? shard_multiple(ranks, state_granule) : ParamArena::alignment;
+    if (!(shard_optimizer || shard_gradients || shard_parameters)) return ParamArena::alignment;
+    return shard_multiple(ranks, deterministic_chunk ? std::max(state_granule, optim::norm_segment) : state_granule);
   }
 };
 
@@ -49,13 +61,21 @@ struct SyncChoice {
 /// Throws ValueError for options that cannot be combined.
 template <Communicator C>
 SyncModes<C> make_sync(const SyncChoice& choice, C& comm, ParamArena& arena, memory::Resource& memory) {
-  XTRAIN_CHECK(!(choice.sharded(comm.size()) && choice.deterministic_chunk), ValueError,
-               "shard_optimizer and the deterministic reduction cannot be combined");
+  if (choice.sharded(comm.size())) {
+    if (const std::size_t chunk = choice.deterministic_chunk) {
+      TreeSync<C>::check_layout(chunk, choice.global_batch, comm.size());
+      XTRAIN_CHECK(choice.global_batch == chunk * comm.size(), ValueError,
+                   "zero_stage with the deterministic reduction computes one chunk per rank and micro-step: use "
+                   "deterministic(",
+                   choice.global_batch / comm.size(), ") for a global batch of ", choice.global_batch, " on ",
+                   comm.size(), " ranks (it gives the bits of the unsharded deterministic run with that chunk)");
+    }
+    return SyncModes<C>(std::in_place_index<2>, comm, arena, choice.bucket_bytes, memory, choice.stage(),
+                        choice.deterministic_chunk > 0);
+  }
   if (choice.deterministic_chunk)
     return SyncModes<C>(std::in_place_index<1>, comm, arena, choice.bucket_bytes, choice.deterministic_chunk,
                         choice.global_batch, memory);
-  if (choice.sharded(comm.size()))
-    return SyncModes<C>(std::in_place_index<2>, comm, arena, choice.bucket_bytes, memory, choice.shard_gradients);
   return SyncModes<C>(std::in_place_index<0>, comm, arena, choice.bucket_bytes);
 }
 

@@ -6,9 +6,18 @@
 ///  - Stage 1 (`shard_optimizer`): the gradients are reduce-scattered at the step (each rank
 ///    receives the sum of its block), clipped with the global norm, the block stepped.
 ///  - Stage 2 (`zero_stage(2)`): each gradient bucket is reduce-scattered as soon as backward
-///    completes it, and a rank keeps only its block of the gradients: the rest of the bucket's
-///    pages are given back (memory::PageBuffer), so gradients take 1/N of the memory, plus the
-///    buckets backward is writing.
+///    completes it (without blocking backward where the communicator has ireduce_scatter_range:
+///    up to two in flight), and a rank keeps only its block of the gradients: the rest of the
+///    bucket's pages are given back (memory::PageBuffer), so gradients take 1/N of the memory,
+///    plus the buckets backward is writing or reducing.
+///  - Stage 3 (`zero_stage(3)`): stage 2, and the parameters sharded too (FSDP): a rank keeps its
+///    block of the parameters; the pages of the rest are given back. Each layers::ShardedUnit of
+///    the model all-gathers its parameters before its forward and before its backward and gives
+///    them back after (this class is its ParamShards); parameters outside every unit are
+///    all-gathered after each step and stay whole. No all-gather of the whole arena.
+/// With the deterministic reduction (one chunk per rank and micro-step), each bucket's blocks are
+/// exchanged (all-to-all) and every rank sums its block's copies in the fixed tree of TreeSync:
+/// the same bits as the unsharded deterministic run with that chunk, on any power-of-two ranks.
 /// Each rank does 1/N of the optimizer's work and holds 1/N of its state; a checkpoint holds the
 /// state gathered into the rank-count-independent layout.
 
@@ -18,14 +27,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <span>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
 #include "xtrain/backend/executor.hpp"
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/memory.hpp"
+#include "xtrain/core/module.hpp"
 #include "xtrain/core/param_arena.hpp"
+#include "xtrain/core/param_shards.hpp"
 #include "xtrain/core/profiler.hpp"
 #include "xtrain/optim/clip.hpp"
 #include "xtrain/optim/param_groups.hpp"
@@ -44,21 +58,42 @@ inline std::size_t shard_multiple(std::size_t ranks, std::size_t granule = 1) no
 }
 
 template <Communicator C>
-class ShardedSync : public detail::SyncBase<C> {
+class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
   using clock = std::chrono::steady_clock;
   using detail::SyncBase<C>::comm_, detail::SyncBase<C>::arena_, detail::SyncBase<C>::buckets_;
 
  public:
   /// The arena's size must be a multiple of shard_multiple(ranks): the blocks are equal and
-  /// aligned. `shard_gradients`: stage 2 (else 1). Buffers from `memory`. `comm`, `arena` and
-  /// `memory` must outlive this object.
-  ShardedSync(C& comm, ParamArena& arena, std::size_t bucket_bytes, memory::Resource& memory,
-              bool shard_gradients = false)
+  /// aligned. `stage`: 1, 2 or 3; `deterministic`: the tree reduction (the engine's micro-step is
+  /// one chunk). Buffers from `memory`. `comm`, `arena` and `memory` must outlive this object.
+  /// Throws ValueError when stage 3 or the deterministic reduction asks for a collective the
+  /// communicator lacks.
+  ShardedSync(C& comm, ParamArena& arena, std::size_t bucket_bytes, memory::Resource& memory, int stage = 1,
+              bool deterministic = false)
       : detail::SyncBase<C>(comm, arena, bucket_bytes),
         memory_(&memory),
         block_(arena.size() / comm.size()),
         offset_(comm.rank() * block_),
-        stage2_(shard_gradients) {}
+        stage_(stage),
+        stage2_(stage >= 2),
+        deterministic_(deterministic),
+        sum_(memory::Allocator<float>(&memory)),
+        exchange_(memory::Allocator<float>(&memory)) {
+    XTRAIN_CHECK(stage >= 1 && stage <= 3, ValueError, "ShardedSync: ZeRO stage ", stage, " (1, 2 or 3)");
+    XTRAIN_CHECK(GathersRanges<C> || (stage < 3 && !deterministic), ValueError,
+                 stage == 3 ? "zero_stage(3)" : "zero_stage with the deterministic reduction",
+                 " needs a communicator with allgather_range and exchange_range (MpiAllReduce, ThreadAllReduce)");
+    XTRAIN_CHECK(!deterministic || block_ % optim::norm_segment == 0, ValueError,
+                 "ShardedSync with the deterministic reduction: the arena's size must be a multiple of ranks x ",
+                 optim::norm_segment, " (SyncChoice::arena_multiple)");
+    if (deterministic_) sum_.assign(block_, 0.0f);
+  }
+  // Units hold a pointer to this object (their ParamShards) once attached.
+  ShardedSync(const ShardedSync&) = delete;
+  ShardedSync& operator=(const ShardedSync&) = delete;
+  ShardedSync(ShardedSync&&) = delete;
+  ShardedSync& operator=(ShardedSync&&) = delete;
+  ~ShardedSync() = default;
 
   /// Stage 1: gradients and parameters written where a shared-memory communicator reduces and
   /// gathers them (MpiAllReduce's node segment). Stage 2: the gradients moved into pages of
@@ -66,11 +101,17 @@ class ShardedSync : public detail::SyncBase<C> {
   template <class Model>
   void attach(Model& model) {
     if (stage2_) {
-      pages_ = memory::PageBuffer(arena_->size());
-      const std::span<const float> g = arena_->grads();
-      const bool zero = std::all_of(g.begin(), g.end(), [](float v) { return v == 0.0f; });
-      arena_->move_gradients_to(model, pages_.span(), !zero);  // fresh pages are zeros: not touched
+      if (memory::PageBuffer* pages = arena_->grad_pages()) {  // the engine made the arena so
+        pages_ = pages;
+      } else {
+        own_grads_ = memory::PageBuffer(arena_->size());
+        const std::span<const float> g = arena_->grads();
+        const bool zero = std::all_of(g.begin(), g.end(), [](float v) { return v == 0.0f; });
+        arena_->move_gradients_to(model, own_grads_.span(), !zero);  // fresh pages are zeros: not touched
+      }
       release_others(0, arena_->size());
+      if (deterministic_) pages_->release(offset_, offset_ + block_);  // summed into sum_
+      if (stage_ == 3) attach_units(model);
       return;  // (a node segment would hold every rank's gradients: not for stage 2)
     }
     if constexpr (ProvidesNodeStorage<C>) {
@@ -82,28 +123,104 @@ class ShardedSync : public detail::SyncBase<C> {
 
   std::size_t chunk() const noexcept { return 0; }
   ArenaRange owned() const noexcept { return {offset_, offset_ + block_}; }
-  /// Bytes of gradient memory this rank holds now (stage 2: its pages in use; stage 1: all).
-  std::size_t gradient_bytes() const { return stage2_ ? pages_.resident_bytes() : arena_->size() * sizeof(float); }
+  /// Bytes of gradient memory this rank holds now (stage 2: its pages in use; stage 1: all; the
+  /// deterministic reduction's sums of its block besides).
+  std::size_t gradient_bytes() const {
+    return (stage2_ ? pages_->resident_bytes() : arena_->size() * sizeof(float)) + sum_.size() * sizeof(float);
+  }
+  /// Bytes of parameter memory this rank holds now (stage 3: its pages in use; else all).
+  std::size_t parameter_bytes() const {
+    return stage_ == 3 ? values_->resident_bytes() : arena_->size() * sizeof(float);
+  }
+  /// Stage 3: the units' arena ranges (in the model's order) and their names.
+  const std::vector<ArenaRange>& units() const noexcept { return units_; }
+  const std::vector<std::string>& unit_names() const noexcept { return unit_names_; }
+  /// Whether the parameters are sharded (stage 3): read them inside with_full_parameters().
+  bool shards_parameters() const noexcept { return stage_ == 3; }
+
+  /// Stage 3: makes every parameter whole on this rank until the matching release_all() (calls
+  /// nest); units gather nothing meanwhile, and a step all-gathers every block. Collective. Other
+  /// stages: nothing to do.
+  void gather_all() {
+    if (stage_ != 3) return;
+    if (all_ == 0) {
+      const auto scope = labels_.scope(3, profile::Category::reduction);
+      comm_->allgather_blocks(values_->span(), "parameter all-gather (whole model)");
+    }
+    ++all_;
+  }
+  void release_all() {
+    if (stage_ != 3 || --all_ > 0) return;
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      if (held_[u] == 0) release_values(units_[u]);
+  }
+
+  /// Stage 3: takes part in a forward this rank does not run (each unit gathered and released, in
+  /// the model's order).
+  void skip_forward() {
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      gather(u);
+      release(u);
+    }
+  }
+
+  // ParamShards (stage 3): unit u's parameters gathered while held (counted also while every
+  // parameter is whole, so that a release after release_all() gives them back).
+  void gather(std::size_t u) override {
+    if (held_.at(u) == 0 && all_ == 0) {
+      const auto start = clock::now();
+      {
+        const auto scope = labels_.scope(3, profile::Category::reduction);
+        if constexpr (GathersRanges<C>)
+          comm_->allgather_range(values_->span(), units_[u].begin, units_[u].end, "parameter unit all-gather");
+      }
+      gathered_ += std::chrono::duration<double>(clock::now() - start).count();
+      ++collectives_;
+    }
+    ++held_[u];
+  }
+  void release(std::size_t u) override {
+    if (--held_.at(u) > 0 || all_ > 0) return;
+    release_values(units_[u]);
+  }
 
   void begin_backward(Context& ctx, bool) {
     this->watch(ctx, false);  // readiness counted; stage 1 reduces in the step
     if (stage2_) {
-      ctx.grads_ready = &ShardedSync::on_ready;  // stage 2: each bucket as it completes
+      ctx.grads_ready = &ShardedSync::on_ready;  // stages 2 and 3: each bucket as it completes
       ctx.grads_ready_user = this;
     }
   }
-  void end_backward(bool) { buckets_.check_complete(); }
-  void end_micro_step(bool) {}
+  /// Completes the buckets' reductions still in flight.
+  void end_backward(bool) {
+    while (!inflight_.empty()) finish_oldest();
+    buckets_.check_complete();
+  }
+  /// Stage 1 with the deterministic reduction: the micro-step's gradients summed now.
+  void end_micro_step(bool) {
+    if (deterministic_ && !stage2_) {
+      reduce_deterministic(0, arena_->size());
+      optim::zero_grads(arena_->grads(), nullptr);
+    }
+  }
   /// Stage 2: zeroes this rank's block and gives back the rest (already zero after a backward).
   void zero_grads(backend::Executor* e) {
+    std::fill(sum_.begin(), sum_.end(), 0.0f);
     if (!stage2_) return detail::SyncBase<C>::zero_grads(e);
     release_others(0, arena_->size());
-    optim::zero_grads(arena_->grads().subspan(offset_, block_), e);
+    if (deterministic_)
+      pages_->release(offset_, offset_ + block_);
+    else
+      optim::zero_grads(arena_->grads().subspan(offset_, block_), e);
   }
 
   /// This rank's block of the gradients, summed over ranks: stage 1 reduce-scatters it now,
   /// stage 2 did during backward.
   std::span<float> reduce_for_step() {
+    if (deterministic_) {  // the window's sums, where the optimizer reads this rank's block
+      std::copy(sum_.begin(), sum_.end(), arena_->grads().begin() + static_cast<std::ptrdiff_t>(offset_));
+      return arena_->grads().subspan(offset_, block_);
+    }
     if (!stage2_) {
       const auto start = clock::now();
       const auto scope = labels_.scope(0, profile::Category::reduction);
@@ -122,26 +239,39 @@ class ShardedSync : public detail::SyncBase<C> {
   /// Scales this rank's block so that the norm over all ranks' blocks is at most `max_norm` (one
   /// scalar all-reduce). Returns the global norm.
   double clip_grad_norm(std::span<float> block, double max_norm) {
-    double sq = optim::sum_of_squares(block);
-    comm_->allreduce_sum(std::span<double>(&sq, 1), "gradient norm");
-    const double norm = std::sqrt(sq), coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0)
-      for (float& g : block) g = static_cast<float>(g * coef);
+    double norm = 0.0;
+    if (deterministic_) {  // every segment's sum on every rank (one non-zero term each), added in order
+      segments_.assign(arena_->size() / optim::norm_segment, 0.0);
+      optim::segment_sums_of_squares(
+          block, std::span<double>(segments_).subspan(offset_ / optim::norm_segment, block_ / optim::norm_segment));
+      comm_->allreduce_sum(std::span<double>(segments_), "gradient norm (segments)");
+      norm = optim::norm_of_segments(segments_);
+    } else {
+      double sq = optim::sum_of_squares(block);
+      comm_->allreduce_sum(std::span<double>(&sq, 1), "gradient norm");
+      norm = std::sqrt(sq);
+    }
+    optim::scale_to_norm(block, norm, max_norm);
     return norm;
   }
-  /// All-gathers the stepped blocks (nothing when the step was skipped).
+  /// All-gathers the stepped blocks (nothing when the step was skipped; stage 3: only the
+  /// parameters outside the units, which gather theirs when they run).
   void after_step(bool stepped) {
     if (stepped) {
       const auto start = clock::now();
       {
         const auto scope = labels_.scope(1, profile::Category::reduction);
-        comm_->allgather_blocks(arena_->values(), "parameter all-gather");
+        if (stage_ < 3 || all_ > 0)  // (every parameter whole: every block)
+          comm_->allgather_blocks(arena_->values(), "parameter all-gather");
+        else if constexpr (GathersRanges<C>)
+          for (const ArenaRange& r : loose_)
+            comm_->allgather_range(values_->span(), r.begin, r.end, "parameter all-gather (outside the units)");
       }
       waited_ += std::chrono::duration<double>(clock::now() - start).count();
       ++collectives_;
     }
-    buckets_.count_blocking(waited_, collectives_);
-    waited_ = 0.0;
+    buckets_.count_blocking(waited_ + gathered_, collectives_);
+    waited_ = gathered_ = 0.0;
     collectives_ = 0;
   }
 
@@ -229,37 +359,201 @@ class ShardedSync : public detail::SyncBase<C> {
 
   // Stage 2: a bucket of the gradients is complete on every rank: reduce-scatter it (each rank's
   // block summed), give back the rest. A communicator without reduce_scatter_range all-reduces.
+  // A communicator with ireduce_scatter_range (MPI) reduces every bucket but the last without
+  // blocking backward: at most max_inflight at a time (their pages are held until they complete),
+  // polled at each parameter's readiness, completed by end_backward.
   static void on_ready(void* self, std::uint32_t slot) {
     auto* s = static_cast<ShardedSync*>(self);
-    s->buckets_.ready_in_order(slot, [s](const auto& b) { s->reduce_bucket(b.begin, b.end); });
+    s->poll();
+    s->buckets_.ready_in_order(
+        slot, [s](const auto& b) { s->reduce_bucket(b.begin, b.end, &b == &s->buckets_.buckets().back()); });
   }
-  void reduce_bucket(std::size_t begin, std::size_t end) {
+  static constexpr std::size_t max_inflight = 2;
+  struct Inflight {
+    typename C::Request request;
+    std::size_t begin, end;
+  };
+  void poll() {
+    if constexpr (IReduceScattersRanges<C>)
+      while (!inflight_.empty() && comm_->test(inflight_.front().request)) {
+        complete(inflight_.front());
+        inflight_.pop_front();
+      }
+  }
+  // Waits for the oldest reduction in flight and completes it.
+  void finish_oldest() {
     const auto start = clock::now();
-    {
-      const auto scope = labels_.scope(2, profile::Category::reduction);
-      if constexpr (ReduceScattersRanges<C>)
-        comm_->reduce_scatter_range(arena_->grads(), begin, end, "gradient bucket reduce-scatter");
-      else
-        comm_->allreduce_sum(arena_->grads().subspan(begin, end - begin), "gradient bucket");
+    comm_->wait(inflight_.front().request);
+    waited_ += std::chrono::duration<double>(clock::now() - start).count();
+    complete(inflight_.front());
+    inflight_.pop_front();
+  }
+  // A bucket's reduction is complete: this rank's sums (at `begin`) moved to their place, the
+  // rest of the bucket given back.
+  void complete(const Inflight& f) {
+    const std::size_t mine = std::clamp(offset_, f.begin, f.end),
+                      n = std::clamp(offset_ + block_, f.begin, f.end) - mine;
+    float* g = arena_->grads().data();
+    if (mine != f.begin && n > 0) std::memmove(g + mine, g + f.begin, n * sizeof(float));
+    release_others(f.begin, f.end);
+  }
+  void reduce_bucket(std::size_t begin, std::size_t end, bool last) {
+    if constexpr (IReduceScattersRanges<C>) {
+      if (!deterministic_ && !last) {
+        while (inflight_.size() >= max_inflight) finish_oldest();
+        inflight_.push_back(
+            {comm_->ireduce_scatter_range(arena_->grads(), begin, end, "gradient bucket reduce-scatter"), begin, end});
+        ++collectives_;
+        return;
+      }
     }
-    release_others(begin, end);
+    const auto start = clock::now();
+    if (deterministic_) {
+      reduce_deterministic(begin, end);
+      pages_->release(begin, end);  // this rank's part is in sum_
+    } else {
+      {
+        const auto scope = labels_.scope(2, profile::Category::reduction);
+        if constexpr (ReduceScattersRanges<C>)
+          comm_->reduce_scatter_range(arena_->grads(), begin, end, "gradient bucket reduce-scatter");
+        else
+          comm_->allreduce_sum(arena_->grads().subspan(begin, end - begin), "gradient bucket");
+      }
+      release_others(begin, end);
+    }
     waited_ += std::chrono::duration<double>(clock::now() - start).count();
     ++collectives_;
   }
+  // The deterministic reduce-scatter of the gradients [begin, end): every rank's values in this
+  // rank's block come here (all-to-all) and are summed in TreeSync's tree over the ranks (a
+  // power of two: left += right, level by level), the result added to sum_ (micro-steps in order).
+  // In pieces of at most exchange_piece elements: the buffer holds ranks x a piece.
+  static constexpr std::size_t exchange_piece = std::size_t{1} << 18;
+  void reduce_deterministic(std::size_t begin, std::size_t end) {
+    for (std::size_t b = begin; b < end; b += exchange_piece) reduce_piece(b, std::min(end, b + exchange_piece));
+  }
+  void reduce_piece(std::size_t begin, std::size_t end) {
+    const std::size_t lo = std::clamp(offset_, begin, end), hi = std::clamp(offset_ + block_, begin, end), m = hi - lo,
+                      w = comm_->size();
+    exchange_.resize(w * m);
+    {
+      const auto scope = labels_.scope(4, profile::Category::reduction);
+      if constexpr (GathersRanges<C>)
+        comm_->exchange_range(arena_->grads(), begin, end, exchange_, "deterministic gradient exchange");
+    }
+    for (std::size_t s = 1; s < w; s *= 2)
+      for (std::size_t q = 0; q + s < w; q += 2 * s) {
+        float* left = exchange_.data() + q * m;
+        const float* right = exchange_.data() + (q + s) * m;
+        for (std::size_t i = 0; i < m; ++i) left[i] += right[i];
+      }
+    if (m == 0) return;  // (the exchange is collective: this rank's part of the piece is empty)
+    float* sum = sum_.data() + (lo - offset_);
+    for (std::size_t i = 0; i < m; ++i) sum[i] += exchange_[i];
+  }
+
+  // Stage 3: adopts the parameters into pages of their own, finds the model's units, gives back
+  // their pages outside this rank's block. The parameters outside the units stay whole.
+  template <class Model>
+  void attach_units(Model& model) {
+    if (memory::PageBuffer* pages = arena_->value_pages()) {
+      values_ = pages;
+    } else {
+      own_values_ = memory::PageBuffer(arena_->size());
+      arena_->move_values_to(model, own_values_.span());
+    }
+    UnitFinder finder{this, {}};
+    model.visit(finder);
+    XTRAIN_CHECK(!units_.empty(), ValueError,
+                 "zero_stage(3): the model has no layers::ShardedUnit, so no parameter can stay sharded; wrap its "
+                 "blocks in ShardedUnit (a GPT's blocks are) or use zero_stage(2)");
+    std::size_t at = 0;
+    for (const ArenaRange& u : units_) {  // (in arena order: units are visited in layer order)
+      if (u.begin > at) loose_.push_back({at, u.begin});
+      at = u.end;
+    }
+    if (at < arena_->size()) loose_.push_back({at, arena_->size()});
+    held_.assign(units_.size(), 0);
+    for (const ArenaRange& u : units_) release_values(u);
+  }
+  // Finds the units (a visitor of the model's modules).
+  struct UnitFinder {
+    ShardedSync* sync;
+    std::string prefix;
+    void param(std::string_view, Param&, ParamKind = ParamKind::weight) {}
+    void buffer(std::string_view, Tensor<float>&, bool = true) {}
+    void buffer(std::string_view, std::int64_t&) {}
+    template <class M>
+    void child(std::string_view name, M& m) {
+      UnitFinder inner{sync, xtrain::detail::join_name(prefix, name)};
+      m.visit(inner);
+    }
+    void id(ModuleId&) {}
+    template <class U>
+    void shard_unit(U& unit) {
+      sync->add_unit(unit, prefix);
+    }
+  };
+  // Registers `unit` (named `name`): the arena range of its parameters, which must be its own.
+  template <class U>
+  void add_unit(U& unit, const std::string& name) {
+    const std::vector<ParamEntry>& entries = arena_->entries();
+    ArenaRange r{arena_->size(), 0};
+    std::size_t slots = 0;
+    visit_parameters(unit.module(), [&](const std::string& param, Param& p, ParamKind) {
+      const ParamEntry& e = entries.at(p.slot());
+      XTRAIN_CHECK(e.aliases.empty(), ValueError, "zero_stage(3): parameter '", param, "' of unit '", name,
+                   "' is tied to another use ('", e.name,
+                   "'); a unit's parameters must be its own (leave tied ones outside the units)");
+      r.begin = std::min(r.begin, e.offset);
+      r.end = std::max(r.end,
+                       e.offset + (e.size + ParamArena::alignment - 1) / ParamArena::alignment * ParamArena::alignment);
+      ++slots;
+    });
+    if (slots == 0) return;  // nothing to shard
+    std::size_t inside = 0;
+    for (const ParamEntry& e : entries) inside += e.offset >= r.begin && e.offset < r.end ? 1 : 0;
+    XTRAIN_CHECK(inside == slots, ValueError, "zero_stage(3): the parameters of unit '", name,
+                 "' are not contiguous in the arena (", inside - slots, " other parameter(s) lie between them)");
+    for (const ArenaRange& u : units_)
+      XTRAIN_CHECK(r.begin >= u.end || r.end <= u.begin, ValueError, "zero_stage(3): unit '", name,
+                   "' overlaps another unit (ShardedUnits do not nest)");
+    unit.attach_shards(this, units_.size());
+    units_.push_back(r);
+    unit_names_.push_back(name);
+  }
+  // Stage 3: gives back the pages of `r` outside this rank's block (zeros read there until the
+  // next gather; partial pages at the ends are zeroed instead).
+  void release_values(ArenaRange r) noexcept {
+    values_->release(r.begin, std::min(r.end, offset_));
+    values_->release(std::max(r.begin, offset_ + block_), r.end);
+  }
+
   // Zeroes the gradients [begin, end) outside this rank's block, giving their pages back.
   void release_others(std::size_t begin, std::size_t end) noexcept {
-    pages_.release(begin, std::min(end, offset_));
-    pages_.release(std::max(begin, offset_ + block_), end);
+    pages_->release(begin, std::min(end, offset_));
+    pages_->release(std::max(begin, offset_ + block_), end);
   }
 
   memory::Resource* memory_;
   std::size_t block_, offset_;
-  bool stage2_;
-  memory::PageBuffer pages_;  // stage 2: the gradients
-  double waited_ = 0.0;       // this step's blocking communication, in seconds
+  int stage_;
+  bool stage2_, deterministic_;
+  memory::PageBuffer own_grads_, own_values_;  // where the arena is not in pages of its own
+  memory::PageBuffer* pages_ = &own_grads_;    // stage 2: the gradients' pages
+  memory::PageBuffer* values_ = &own_values_;  // stage 3: the parameters' pages
+  std::vector<ArenaRange> units_, loose_;      // stage 3: the units' ranges; those outside every unit
+  std::vector<std::string> unit_names_;
+  std::vector<std::size_t> held_;         // stage 3: gathers of each unit not yet released
+  std::size_t all_ = 0;                   // stage 3: gather_all() calls not yet released
+  AlignedVector sum_;                     // deterministic: this rank's block of the summed gradients
+  AlignedVector exchange_;                // deterministic: the ranks' copies of a bucket's part of the block
+  std::vector<double> segments_;          // deterministic: the norm's segment sums
+  std::deque<Inflight> inflight_;         // stages 2 and 3: bucket reductions started, oldest first
+  double waited_ = 0.0, gathered_ = 0.0;  // this step's blocking communication, in seconds
   std::size_t collectives_ = 0;
-  profile::EventLabels<3> labels_{
-      {"gradient reduce-scatter", "parameter all-gather", "gradient bucket reduce-scatter"}};
+  profile::EventLabels<5> labels_{{"gradient reduce-scatter", "parameter all-gather", "gradient bucket reduce-scatter",
+                                   "parameter unit all-gather", "deterministic gradient exchange"}};
 };
 
 }  // namespace xtrain::parallel

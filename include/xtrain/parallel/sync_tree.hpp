@@ -107,7 +107,10 @@ class TreeSync : public detail::SyncBase<C> {
 
   std::span<float> reduce_for_step() { return arena_->grads(); }
   bool agree(bool found) { return found; }
-  double clip_grad_norm(std::span<float> grads, double max_norm) { return optim::clip_grad_norm(grads, max_norm); }
+  /// The norm summed segment by segment (as the sharded deterministic reduction sums it).
+  double clip_grad_norm(std::span<float> grads, double max_norm) {
+    return optim::clip_grad_norm_segmented(grads, max_norm);
+  }
   void after_step(bool) {}
 
   void set_profiler(profile::Profiler* p) { labels_.attach(p); }

@@ -141,6 +141,35 @@ class ThreadAllReduce {
     std::copy(sum.begin(), sum.end(), v.begin() + static_cast<std::ptrdiff_t>(begin));
     group_->arrive_and_wait(what);
   }
+  /// Of the elements [lo, hi) of `v` (size() equal blocks), each rank's part in its block copied
+  /// to every rank.
+  void allgather_range(std::span<float> v, std::size_t lo, std::size_t hi, const char* what) {
+    publish(v.data(), v.size(), what);
+    check_counts(v.size(), what);
+    const std::size_t block = v.size() / size();
+    for (std::size_t r = 0; r < size(); ++r)
+      if (r != rank_) {
+        const std::size_t b = std::clamp(r * block, lo, hi), e = std::clamp((r + 1) * block, lo, hi);
+        const float* src = static_cast<const float*>(group_->slots()[r].data);
+        std::copy(src + b, src + e, v.begin() + static_cast<std::ptrdiff_t>(b));
+      }
+    group_->arrive_and_wait(what);
+  }
+  /// Each rank's values of [lo, hi) that fall in this rank's block, rank by rank into `out`.
+  void exchange_range(std::span<const float> v, std::size_t lo, std::size_t hi, std::span<float> out,
+                      const char* what) {
+    publish(v.data(), v.size(), what);
+    check_counts(v.size(), what);
+    const std::size_t block = v.size() / size(), b = std::clamp(rank_ * block, lo, hi),
+                      e = std::clamp((rank_ + 1) * block, lo, hi);
+    XTRAIN_CHECK(out.size() >= size() * (e - b), ValueError, "exchange_range '", what, "': ", out.size(),
+                 " floats for ", size(), " x ", e - b);
+    for (std::size_t r = 0; r < size(); ++r) {
+      const float* src = static_cast<const float*>(group_->slots()[r].data);
+      std::copy(src + b, src + e, out.begin() + static_cast<std::ptrdiff_t>(r * (e - b)));
+    }
+    group_->arrive_and_wait(what);
+  }
   /// Every rank's block rank() of `v` copied into every rank's `v`.
   void allgather_blocks(std::span<float> v, const char* what) {
     publish(v.data(), v.size(), what);

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -95,7 +96,10 @@ struct MemoryOptions {
   std::size_t ranks = 1;                       ///< data-parallel ranks
   bool shard_optimizer = false;                ///< ZeRO stage 1: each rank keeps 1/ranks of the optimizer state
   bool shard_gradients = false;                ///< ZeRO stage 2: and 1/ranks of the gradients (implies stage 1)
+  bool shard_parameters = false;               ///< ZeRO stage 3: and of the parameters in units (implies stage 2)
   std::size_t bucket_bytes = 25u << 20;        ///< gradient bucket size (stage 2 holds one being reduced)
+  std::size_t buckets_in_flight = 2;           ///< ZeRO-2/3: buckets reduced while backward goes on (MPI: 2;
+                                               ///< ThreadAllReduce reduces each at once: 0)
   std::size_t eval_batch = 0;                  ///< evaluation batch per rank (0: no evaluation)
   bool shared_memory_reduction = true;         ///< ranks > 1 on one node sum gradients in a shared segment (MPI)
   std::size_t gradient_compression_bytes = 4;  ///< bytes per gradient element sent (2: bf16/fp16 compression)
@@ -108,7 +112,8 @@ struct MemoryOptions {
 struct MemoryEstimate {
   std::string precision;
   std::size_t parameters = 0;             ///< trainable parameters
-  std::int64_t parameter_bytes = 0;       ///< fp32 master parameters (the arena, with alignment padding)
+  std::int64_t parameter_bytes = 0;       ///< fp32 master parameters (the arena, with alignment padding; ZeRO-3:
+                                          ///< this rank's block, those outside the units, one unit gathered)
   std::int64_t gradient_bytes = 0;        ///< fp32 gradients (this rank's block with ZeRO-2)
   std::int64_t optimizer_bytes = 0;       ///< optimizer state (this rank's block with ZeRO-1 and 2)
   std::int64_t low_precision_copies = 0;  ///< 16-bit weight copies kept between steps (none: see docs)
@@ -137,6 +142,29 @@ struct MemoryEstimate {
 };
 
 namespace detail {
+/// Finds a model's ZeRO-3 units (layers::ShardedUnit): the floats of their parameters (padded as
+/// in the arena), all and the largest unit's.
+struct UnitSizes {
+  std::size_t total = 0, largest = 0;
+  void param(std::string_view, Param&, ParamKind = ParamKind::weight) {}
+  void buffer(std::string_view, Tensor<float>&, bool = true) {}
+  void buffer(std::string_view, std::int64_t&) {}
+  template <class M>
+  void child(std::string_view, M& m) {
+    m.visit(*this);
+  }
+  void id(ModuleId&) {}
+  template <class U>
+  void shard_unit(U& unit) {
+    std::size_t n = 0;
+    visit_parameters(unit.module(), [&](const std::string&, Param& p, ParamKind) {
+      n += (p.size() + ParamArena::alignment - 1) / ParamArena::alignment * ParamArena::alignment;
+    });
+    total += n;
+    largest = std::max(largest, n);
+  }
+};
+
 inline std::string mib(std::int64_t b) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(b) / (1 << 20));
@@ -321,10 +349,18 @@ MemoryEstimate estimate_memory(const Model& model, const Optimizer& optimizer, s
   m.gradient_bytes = r.gradients;
   m.optimizer_bytes = r.optimizer;
   const auto ranks = static_cast<std::int64_t>(options.ranks);
-  const bool zero1 = (options.shard_optimizer || options.shard_gradients) && ranks > 1,
-             zero2 = options.shard_gradients && ranks > 1;
+  const bool zero3 = options.shard_parameters && ranks > 1,
+             zero1 = (options.shard_optimizer || options.shard_gradients || zero3) && ranks > 1,
+             zero2 = (options.shard_gradients || zero3) && ranks > 1;
   if (zero1) m.optimizer_bytes = (r.optimizer + ranks - 1) / ranks;
   if (zero2) m.gradient_bytes = (r.gradients + ranks - 1) / ranks;
+  if (zero3) {  // the units' share of this rank, everything outside the units, the largest unit gathered
+    detail::UnitSizes units;
+    const_cast<Model&>(model).visit(units);  // (visit is not const; UnitSizes changes nothing)
+    const auto in_units = static_cast<std::int64_t>(units.total * sizeof(float)),
+               largest = static_cast<std::int64_t>(units.largest * sizeof(float));
+    m.parameter_bytes = (r.parameters - in_units) + (in_units + ranks - 1) / ranks + largest;
+  }
   m.activation_bytes = r.activations - r.recompute_released;
   m.recomputed_bytes = r.recompute_released;
   m.data_bytes = options.prefetch ? 2 * r.data : r.data;
@@ -334,8 +370,10 @@ MemoryEstimate estimate_memory(const Model& model, const Optimizer& optimizer, s
       0, r.held - (r.parameters + r.gradients + r.optimizer + (r.activations - r.recompute_allocated) + r.data));
   if (zero2) {
     // ZeRO-2: the largest bucket, written by backward before it is reduce-scattered and given
-    // back, less the rank's own share of it (counted with the gradients).
-    m.communication_bytes = r.largest_bucket - r.largest_bucket / ranks;
+    // back, and those whose reductions are in flight, less the rank's own share of each (counted
+    // with the gradients).
+    m.communication_bytes =
+        static_cast<std::int64_t>(1 + options.buckets_in_flight) * (r.largest_bucket - r.largest_bucket / ranks);
   } else if (options.ranks > 1) {
     // Shared-memory reduction: the node's ranks sum in one segment of the gradients (and, sharded,
     // the parameters); each rank's share of it. Otherwise MPI's buffers for the bucket in flight.
@@ -353,7 +391,8 @@ inline std::string memory_table(const std::vector<MemoryEstimate>& estimates, st
   std::vector<std::vector<std::string>> cells;
   cells.push_back({"per rank (batch " + std::to_string(batch) + ", " + std::to_string(options.ranks) + " rank" +
                    (options.ranks == 1 ? "" : "s") +
-                   (options.ranks > 1 && options.shard_gradients   ? ", ZeRO-2"
+                   (options.ranks > 1 && options.shard_parameters  ? ", ZeRO-3"
+                    : options.ranks > 1 && options.shard_gradients ? ", ZeRO-2"
                     : options.ranks > 1 && options.shard_optimizer ? ", ZeRO-1"
                                                                    : "") +
                    ")"});

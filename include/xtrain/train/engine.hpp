@@ -63,7 +63,8 @@ class Engine {
         options_(checked(std::move(options), comm_.size())),
         backend_(options_.threads()),
         memory_(&backend::memory_of(backend_)),
-        arena_(adopt_model(model_, sync_choice().arena_multiple(comm_.size()), *memory_)),
+        arena_(adopt_model(model_, sync_choice().arena_multiple(comm_.size()), *memory_,
+                           sync_choice().pages(comm_.size()))),
         sync_(parallel::make_sync(sync_choice(), comm_, arena_, *memory_)),
         state_(in_memory([&] { return optim::init_state(optimizer_, arena_, owned().begin, owned().end); })),
         groups_(arena_, options_.param_groups(), optimizer_),
@@ -183,7 +184,7 @@ class Engine {
       s.after_step(ok);
       return ok;
     });
-    replica_check_.after_step(comm_, arena_.values(), step_);
+    if (!shards_parameters()) replica_check_.after_step(comm_, arena_.values(), step_);
     return stepped;
   }
 
@@ -208,30 +209,13 @@ class Engine {
     position.step = step_;
     position.data_seed = options_.seed();
     position.record(loss_scaler(), uses_loss_scaling, groups_.scales(), arena_);
-    with_sync([&](auto& s) {
-      const auto make_full = [&] { return optim::init_state(optimizer_, arena_, 0, arena_.natural_size()); };
-      s.template with_full_state<Optimizer>(state_, make_full, [&](typename Optimizer::State& full) {
-        in_memory([&] {  // (the registered objects' serialize is code the engine does not own)
-          checkpoint::save_training_state(comm_, dir, model_, arena_, optimizer_, full, options_.schedule(), position,
-                                          objects);
-        });
-      });
-    });
+    with_full_parameters([&] { save_full_state(dir, position, objects); });
   }
 
   /// Restores what save_state saved (on any number of ranks); returns the position for the
   /// caller's part (epoch, samples). Collective.
   checkpoint::Position load_state(const std::string& dir, const std::vector<checkpoint::Registered>& objects) {
-    optim::LrSchedule schedule = options_.schedule();
-    typename Optimizer::State full;
-    checkpoint::Position p = in_memory([&] {
-      return checkpoint::load_training_state<Model, Optimizer>(comm_, dir, model_, arena_, full, schedule, objects);
-    });
-    state_ = with_sync([&](auto& s) { return s.template take_state<Optimizer>(std::move(full), std::move(state_)); });
-    groups_.restore(arena_, p.groups, p.param_group, dir + "/" + checkpoint::state_file_name);
-    p.restore(loss_scaler(), uses_loss_scaling, options_.loss_scale());
-    restore(p.step, p.data_seed, schedule);
-    return p;
+    return with_full_parameters([&] { return load_full_state(dir, objects); });
   }
 
   /// Restores the step count, the seed of data order and dropout, and the schedule (resume).
@@ -327,9 +311,85 @@ class Engine {
   std::size_t gradient_bytes() const {
     return with_sync([](const auto& s) { return s.gradient_bytes(); });
   }
+  /// Bytes of parameter memory this rank holds now: the whole arena's, or under zero_stage(3) its
+  /// pages in use (its block, the parameters outside the units, any unit gathered now).
+  std::size_t parameter_bytes() const {
+    return with_sync([&](const auto& s) -> std::size_t {
+      if constexpr (requires { s.parameter_bytes(); })
+        return s.parameter_bytes();
+      else
+        return arena_.size() * sizeof(float);
+    });
+  }
+  /// Whether the parameters live sharded over the ranks (zero_stage(3) on several ranks): then
+  /// params().values() holds this rank's block and the parameters outside the units only; read
+  /// them all inside with_full_parameters().
+  bool shards_parameters() const {
+    return with_sync([](const auto& s) {
+      if constexpr (requires { s.shards_parameters(); })
+        return s.shards_parameters();
+      else
+        return false;
+    });
+  }
+  /// For a rank with nothing to compute while the others run a forward (an empty last evaluation
+  /// batch): under zero_stage(3) it takes part in every unit's gather, in the model's order (a
+  /// model whose forward runs each unit once, in that order); otherwise nothing.
+  void skip_forward() {
+    with_sync([](auto& s) {
+      if constexpr (requires { s.skip_forward(); }) s.skip_forward();
+    });
+  }
+  /// Runs f() with every parameter whole on this rank (zero_stage(3): all-gathered before, given
+  /// back after; otherwise f() only). Collective; nests. Checkpoints, exports and sampling run so.
+  template <class F>
+  std::invoke_result_t<F&> with_full_parameters(F&& f) {
+    using R = std::invoke_result_t<F&>;
+    gather_parameters(true);
+    try {
+      if constexpr (std::is_void_v<R>) {
+        f();
+        gather_parameters(false);
+      } else {
+        R r = f();
+        gather_parameters(false);
+        return r;
+      }
+    } catch (...) {
+      gather_parameters(false);  // (gives pages back: no collective)
+      throw;
+    }
+  }
 
  private:
   enum Event : std::size_t { loss_event, optimizer_event, zero_grad_event };
+
+  // save_state and load_state with every parameter whole.
+  void save_full_state(const std::string& dir, const checkpoint::Position& position,
+                       const std::vector<checkpoint::Registered>& objects) {
+    with_sync([&](auto& s) {
+      const auto make_full = [&] { return optim::init_state(optimizer_, arena_, 0, arena_.natural_size()); };
+      s.template with_full_state<Optimizer>(state_, make_full, [&](typename Optimizer::State& full) {
+        in_memory([&] {  // (the registered objects' serialize is code the engine does not own)
+          checkpoint::save_training_state(comm_, dir, model_, arena_, optimizer_, full, options_.schedule(), position,
+                                          objects);
+        });
+      });
+    });
+  }
+
+  checkpoint::Position load_full_state(const std::string& dir, const std::vector<checkpoint::Registered>& objects) {
+    optim::LrSchedule schedule = options_.schedule();
+    typename Optimizer::State full;
+    checkpoint::Position p = in_memory([&] {
+      return checkpoint::load_training_state<Model, Optimizer>(comm_, dir, model_, arena_, full, schedule, objects);
+    });
+    state_ = with_sync([&](auto& s) { return s.template take_state<Optimizer>(std::move(full), std::move(state_)); });
+    groups_.restore(arena_, p.groups, p.param_group, dir + "/" + checkpoint::state_file_name);
+    p.restore(loss_scaler(), uses_loss_scaling, options_.loss_scale());
+    restore(p.step, p.data_seed, schedule);
+    return p;
+  }
 
   static std::size_t global_batch(const TrainingOptions& o, std::size_t ranks) noexcept {
     return o.global_batch_size() ? o.global_batch_size() : o.batch_size() * ranks;
@@ -341,7 +401,8 @@ class Engine {
   }
   parallel::SyncChoice sync_choice() const {
     return {options_.bucket_bytes(),    options_.deterministic(),          global_batch(),
-            options_.shard_optimizer(), optim::state_granule<Optimizer>(), options_.zero_stage() >= 2};
+            options_.shard_optimizer(), optim::state_granule<Optimizer>(), options_.zero_stage() >= 2,
+            options_.zero_stage() >= 3};
   }
   parallel::ArenaRange owned() const {
     return with_sync([](const auto& s) { return s.owned(); });
@@ -359,6 +420,17 @@ class Engine {
   decltype(auto) in_memory(F&& f) {
     const memory::Use use(*memory_);
     return f();
+  }
+
+  void gather_parameters(bool on) {
+    with_sync([&](auto& s) {
+      if constexpr (requires { s.gather_all(); }) {
+        if (on)
+          s.gather_all();
+        else
+          s.release_all();
+      }
+    });
   }
 
   void zero_grad() {

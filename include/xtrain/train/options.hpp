@@ -73,7 +73,8 @@ class TrainingOptions {
     return *this;
   }
   /// Micro-batches per optimizer step; no communication on the first k-1 (Accelerate's
-  /// gradient_accumulation_steps). Default 1. All.
+  /// gradient_accumulation_steps), except under zero_stage 2 and 3 and with the deterministic
+  /// reduction under any stage, which reduce every micro-step. Default 1. All.
   TrainingOptions& accumulate(std::size_t k) {
     XTRAIN_CHECK(k > 0, ValueError, "TrainingOptions: accumulate must be at least 1");
     accumulate_ = k;
@@ -127,13 +128,17 @@ class TrainingOptions {
   /// keeps everything on every rank; 1 shards the optimizer state and step (shard_optimizer);
   /// 2 also the gradients: each bucket is reduce-scattered as backward completes it and a rank
   /// keeps only its 1/N of the gradients' memory between steps (during backward, also the bucket
-  /// being written). The same training as 0 (bitwise on thread ranks without clipping or
-  /// accumulation; with accumulation stage 2 reduces every micro-step). Throws ValueError
-  /// for any other stage (3, sharded parameters, is not available yet). All.
+  /// being written); 3 also the parameters (FSDP): a rank keeps its 1/N of them, and each
+  /// layers::ShardedUnit of the model (a GPT's blocks) all-gathers its parameters for its forward
+  /// and its backward only (parameters outside the units stay whole). The same training as 0
+  /// (bitwise on thread ranks without clipping or accumulation; with accumulation stages 2 and 3
+  /// reduce every micro-step). With deterministic(global batch / ranks) the sums are TreeSync's:
+  /// bitwise the unsharded deterministic run with that chunk. Stage 3 and the deterministic
+  /// reduction need MpiAllReduce or ThreadAllReduce. Throws ValueError for any other stage. All.
   TrainingOptions& zero_stage(int stage) {
-    XTRAIN_CHECK(stage >= 0 && stage <= 2, ValueError, "TrainingOptions: zero_stage ", stage,
-                 " is not available: 0 (replicated), 1 (sharded optimizer state) or 2 (and sharded gradients); "
-                 "stage 3 (sharded parameters) is not implemented yet");
+    XTRAIN_CHECK(stage >= 0 && stage <= 3, ValueError, "TrainingOptions: zero_stage ", stage,
+                 " is not available: 0 (replicated), 1 (sharded optimizer state), 2 (and sharded gradients) or 3 "
+                 "(and sharded parameters)");
     zero_stage_ = stage;
     return *this;
   }

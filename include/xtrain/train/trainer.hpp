@@ -176,7 +176,10 @@ class Trainer {
         const auto data_scope = events_.scope(data_event, profile::Category::data);
         return loader.batch(k);
       }();
-      if (batch.size() == 0) continue;
+      if (batch.size() == 0) {  // (under zero_stage(3) a forward's gathers are collective: take part)
+        engine_.skip_forward();
+        continue;
+      }
       engine_.loss_forward(engine_.predict(ctx, batch.x), batch.y, 1.0);
       sums[0] += loss.sum();
       if constexpr (loss::HasAccuracy<Loss>) sums[1] += static_cast<double>(loss.correct());
@@ -205,7 +208,9 @@ class Trainer {
 
   /// The model's output for `x` in eval mode (Dropout off, BatchNorm's running statistics), in
   /// fp32 whatever the precision policy stores in between: logits to sample from, predictions.
-  /// Local to this rank (no communication). The result lives in the Trainer until the next
+  /// Local to this rank (no communication), except under zero_stage(3) on several ranks, where
+  /// each unit gathers its parameters collectively: call it on every rank then (with the same
+  /// shapes), or inside with_full_parameters. The result lives in the Trainer until the next
   /// forward.
   template <class Input>
   const Tensor<float>& predict(const Input& x) {
@@ -282,17 +287,21 @@ class Trainer {
   std::vector<std::string> save_model(const std::string& path, std::uint64_t max_shard_bytes = 0) {
     engine_.broadcast_buffers();
     std::vector<std::string> files;
-    checkpoint::on_main_rank(communicator(), "save_model status",
-                             [&] { files = checkpoint::save_model(model(), params(), path, max_shard_bytes); });
+    engine_.with_full_parameters([&] {
+      checkpoint::on_main_rank(communicator(), "save_model status",
+                               [&] { files = checkpoint::save_model(model(), params(), path, max_shard_bytes); });
+    });
     return files;
   }
 
   /// Loads parameters and buffers from a safetensors file (or shards' .index.json), ours or
   /// PyTorch's, on rank 0, and broadcasts them. Collective.
   void load_model(const std::string& path) {
-    checkpoint::on_main_rank(communicator(), "load_model status",
-                             [&] { checkpoint::load_model(model(), params(), path); });
-    communicator().broadcast(params().values(), "load_model parameters");
+    engine_.with_full_parameters([&] {
+      checkpoint::on_main_rank(communicator(), "load_model status",
+                               [&] { checkpoint::load_model(model(), params(), path); });
+      communicator().broadcast(params().values(), "load_model parameters");
+    });
     engine_.broadcast_buffers();
   }
 
@@ -313,7 +322,18 @@ class Trainer {
   Model& model() noexcept { return engine_.model(); }
   const Optimizer& optimizer() const noexcept { return engine_.optimizer(); }
   typename Optimizer::State& optimizer_state() noexcept { return engine_.optimizer_state(); }
+  /// The flat parameters and gradients. Under zero_stage(3) on several ranks a rank holds its
+  /// block and the parameters outside the units only: read the rest inside with_full_parameters.
   ParamArena& params() noexcept { return engine_.params(); }
+  /// Runs f() with every parameter whole on this rank (zero_stage(3): all-gathered before and
+  /// given back after; otherwise just f()). Collective: call it on every rank (then, e.g., sample
+  /// on rank 0 only). save_model, load_model and checkpoints do this themselves.
+  template <class F>
+  decltype(auto) with_full_parameters(F&& f) {
+    return engine_.with_full_parameters(std::forward<F>(f));
+  }
+  /// Bytes of parameter memory this rank holds now (zero_stage(3): its pages in use).
+  std::size_t parameter_bytes() const { return engine_.parameter_bytes(); }
   const TrainingOptions& options() const noexcept { return options_; }
   Communicator& communicator() noexcept { return engine_.communicator(); }
   /// The device backend (its threads: backend().threads(); backend::describe(backend()) for a log line).

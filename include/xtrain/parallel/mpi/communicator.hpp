@@ -43,6 +43,7 @@ class MpiAllReduce {
     MPI_Request handle = MPI_REQUEST_NULL;
     const char* name = "";
     std::size_t count = 0;
+    std::shared_ptr<std::vector<int>> counts;  // what a non-blocking collective's call must keep
   };
 
   static constexpr const char* name = "mpi";
@@ -205,13 +206,44 @@ class MpiAllReduce {
   void reduce_scatter_range(std::span<float> v, std::size_t lo, std::size_t hi, const char* what) {
     enter("reduce_scatter_range(float)", what, hi - lo);
     const std::size_t block = v.size() / size_;
-    range_counts_.resize(size_);
-    for (std::size_t r = 0; r < size_; ++r)
-      range_counts_[r] = count(std::clamp((r + 1) * block, lo, hi) - std::clamp(r * block, lo, hi));
+    range_parts(v.size(), lo, hi);
     MPI_Reduce_scatter(MPI_IN_PLACE, v.data() + lo, range_counts_.data(), MPI_FLOAT, MPI_SUM, comm_);
     const std::size_t mine = std::clamp(rank_ * block, lo, hi);  // the result lands at lo
     if (mine != lo && range_counts_[rank_] > 0)
       std::memmove(v.data() + mine, v.data() + lo, static_cast<std::size_t>(range_counts_[rank_]) * sizeof(float));
+  }
+  /// Starts reduce_scatter_range (MPI_Ireduce_scatter, in place): once the request completes,
+  /// this rank's elements of [lo, hi) hold their sums starting at `lo` (the caller moves them to
+  /// their place). [lo, hi) must not be touched meanwhile.
+  Request ireduce_scatter_range(std::span<float> v, std::size_t lo, std::size_t hi, const char* what) {
+    check("reduce_scatter_range(float)", what, hi - lo);
+    range_parts(v.size(), lo, hi);
+    Request r{MPI_REQUEST_NULL, what, hi - lo, std::make_shared<std::vector<int>>(range_counts_)};
+    MPI_Ireduce_scatter(MPI_IN_PLACE, v.data() + lo, r.counts->data(), MPI_FLOAT, MPI_SUM, comm_, &r.handle);
+    return r;
+  }
+  /// Of the elements [lo, hi) of `v` (size() equal blocks), each rank's part in its block copied
+  /// to every rank (MPI_Allgatherv, in place). ZeRO-3 gathers a unit's parameters so.
+  void allgather_range(std::span<float> v, std::size_t lo, std::size_t hi, const char* what) {
+    enter("allgather_range(float)", what, hi - lo);
+    range_parts(v.size(), lo, hi);
+    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, v.data() + lo, range_counts_.data(), range_displs_.data(),
+                   MPI_FLOAT, comm_);
+  }
+  /// Each rank's values of [lo, hi) that fall in this rank's block, rank by rank into `out`
+  /// (size() x that many; an all-to-all): the deterministic reduce-scatter sums them in a fixed tree.
+  void exchange_range(std::span<const float> v, std::size_t lo, std::size_t hi, std::span<float> out,
+                      const char* what) {
+    enter("exchange_range(float)", what, hi - lo);
+    range_parts(v.size(), lo, hi);
+    const int mine = range_counts_[rank_];
+    recv_counts_.assign(size_, mine);
+    recv_displs_.resize(size_);
+    for (std::size_t r = 0; r < size_; ++r) recv_displs_[r] = count(r * static_cast<std::size_t>(mine));
+    XTRAIN_CHECK(out.size() >= size_ * static_cast<std::size_t>(mine), ValueError, "exchange_range '", what,
+                 "': ", out.size(), " floats for ", size_, " x ", mine);
+    MPI_Alltoallv(v.data() + lo, range_counts_.data(), range_displs_.data(), MPI_FLOAT, out.data(), recv_counts_.data(),
+                  recv_displs_.data(), MPI_FLOAT, comm_);
   }
   /// Every rank's block rank() of `v` copied into every rank's `v`.
   void allgather_blocks(std::span<float> v, const char* what) {
@@ -229,7 +261,7 @@ class MpiAllReduce {
   }
   void barrier(const char* what) {
     check("barrier", what, 0);
-    Request r{MPI_REQUEST_NULL, what, 0};
+    Request r{MPI_REQUEST_NULL, what, 0, {}};
     MPI_Ibarrier(comm_, &r.handle);
     wait(r);
   }
@@ -249,7 +281,7 @@ class MpiAllReduce {
   /// Starts an in-place sum of `v` over ranks; complete it with wait() (or poll with test()).
   Request iallreduce_sum(std::span<float> v, const char* what) {
     check("allreduce_sum(float)", what, v.size());
-    Request r{MPI_REQUEST_NULL, what, v.size()};
+    Request r{MPI_REQUEST_NULL, what, v.size(), {}};
     MPI_Iallreduce(MPI_IN_PLACE, v.data(), count(v.size()), MPI_FLOAT, MPI_SUM, comm_, &r.handle);
     return r;
   }
@@ -307,6 +339,17 @@ class MpiAllReduce {
                    node_->problem().c_str());
   }
 
+  // Each rank's part of [lo, hi) (the elements in its block of n / size()): counts and offsets from lo.
+  void range_parts(std::size_t n, std::size_t lo, std::size_t hi) {
+    const std::size_t block = n / size_;
+    range_counts_.resize(size_);
+    range_displs_.resize(size_);
+    for (std::size_t r = 0; r < size_; ++r) {
+      const std::size_t b = std::clamp(r * block, lo, hi);
+      range_counts_[r] = count(std::clamp((r + 1) * block, lo, hi) - b);
+      range_displs_[r] = count(b - lo);
+    }
+  }
   static int count(std::size_t n) {
     XTRAIN_CHECK(n <= 0x7FFFFFFFu, ValueError, "MpiAllReduce: ", n, " elements exceed MPI's int count");
     return static_cast<int>(n);
@@ -315,7 +358,7 @@ class MpiAllReduce {
   /// Debug check, then the timed rendezvous of every rank before a blocking collective.
   void enter(const char* kind, const char* what, std::size_t n) {
     check(kind, what, n);
-    Request r{MPI_REQUEST_NULL, what, n};
+    Request r{MPI_REQUEST_NULL, what, n, {}};
     MPI_Ibarrier(comm_, &r.handle);
     wait(r);
   }
@@ -332,7 +375,7 @@ class MpiAllReduce {
     std::snprintf(mine.name, sizeof mine.name, "%s", what);
     mine.count = n;
     std::vector<Signature> all(size_);
-    Request r{MPI_REQUEST_NULL, "debug signature check", sizeof(Signature)};
+    Request r{MPI_REQUEST_NULL, "debug signature check", sizeof(Signature), {}};
     MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, comm_, &r.handle);
     wait(r);
     for (std::size_t i = 0; i < size_; ++i)
@@ -354,7 +397,8 @@ class MpiAllReduce {
   std::unique_ptr<detail::NodeReducer> node_;
   std::vector<std::uint16_t> wire_;  // compressed send/receive buffers
   std::vector<float> sum_, widened_;
-  std::vector<int> range_counts_;  // reduce_scatter_range's counts per rank
+  std::vector<int> range_counts_, range_displs_;  // the *_range collectives' parts per rank (from lo)
+  std::vector<int> recv_counts_, recv_displs_;    // exchange_range's receive side
 };
 
 }  // namespace xtrain::parallel
