@@ -341,7 +341,7 @@ class Engine {
     });
   }
   /// Runs f() with every parameter whole on this rank (zero_stage(3): all-gathered before, given
-  /// back after; otherwise f() only). Collective; nests. Checkpoints, exports and sampling run so.
+  /// back after; otherwise f() only). Collective; nests. Checkpoints and exports run so.
   template <class F>
   std::invoke_result_t<F&> with_full_parameters(F&& f) {
     using R = std::invoke_result_t<F&>;
