@@ -36,7 +36,7 @@ struct Flags {
               profile_dir;
   std::size_t threads = 0;  // 0: the backend's default
   std::size_t bucket_mb = 25, deterministic = 0;
-  bool shard_optimizer = false, estimate_memory = false, verify_memory = false, recompute = false;
+  bool shard_optimizer = false, estimate_memory = false, verify_memory = false, recompute = false, no_prefetch = false;
   std::string zero = "0";
 };
 
@@ -46,7 +46,8 @@ constexpr const char* usage =
     "           [--schedule constant|cosine] [--warmup N] [--seed N] [--threads N] [--precision fp32|bf16|fp16]\n"
     "           [--eval-every N] [--eval-iters N] [--project-dir DIR] [--resume latest|DIR]\n"
     "           [--export FILE] [--sample N] [--temperature X] [--top-k N] [--profile DIR]\n"
-    "           [--zero 0|1|2|3] [--deterministic N] [--bucket-mb N] [--optimizer adamw|adamw8bit] [--recompute]\n"
+    "           [--zero 0|1|2|3 [--no-prefetch]] [--deterministic N] [--bucket-mb N] [--optimizer adamw|adamw8bit] "
+    "[--recompute]\n"
     "           [--estimate-memory [--verify]]\n"
     "  --corpus PATH     a text file, or a folder whose regular files are read in name order\n"
     "                    (*.dat, *.u8 and links skipped); default /usr/share/games/fortunes\n"
@@ -80,7 +81,9 @@ constexpr const char* usage =
     "  --zero S          ZeRO stage over the P processes (default 0; the same training): 1 each\n"
     "                    steps 1/P of the parameters and keeps 1/P of AdamW's state (also\n"
     "                    --shard-optimizer), 2 also keeps only 1/P of the gradients, 3 also 1/P of\n"
-    "                    the blocks' parameters (each block gathers them for its forward and backward)\n"
+    "                    the blocks' parameters (each block gathers them for its forward and backward,\n"
+    "                    the next block's gather in flight meanwhile)\n"
+    "  --no-prefetch     with --zero 3: gather each block when it runs, not while the one before runs\n"
     "  --deterministic N sum the gradients per N sequences in a fixed tree: the same bits on 1, 2 or 4\n"
     "                    processes (with --zero: N = global batch / P, the bits of --zero 0 with that N)\n"
     "  --bucket-mb N     gradient bucket size in MiB (default 25; DDP's bucket_cap_mb): with --zero 2\n"
@@ -128,6 +131,7 @@ Flags parse(int argc, char** argv) {
       .count("--bucket-mb", f.bucket_mb)
       .choice("--optimizer", f.optimizer, {"adamw", "adamw8bit"})
       .toggle("--recompute", f.recompute)
+      .toggle("--no-prefetch", f.no_prefetch)
       .toggle("--estimate-memory", f.estimate_memory)
       .toggle("--verify", f.verify_memory)
       .parse(argc, argv);
@@ -244,6 +248,7 @@ int run(const Flags& flags) {
                      .clip_grad_norm(flags.clip)
                      .param_groups({xtrain::optim::ParamGroup::no_weight_decay()})
                      .zero_stage(zero_stage(flags))
+                     .prefetch_units(!flags.no_prefetch)
                      .deterministic(flags.deterministic)
                      .bucket_bytes(flags.bucket_mb << 20)
                      .project_dir(flags.project_dir)
@@ -275,7 +280,9 @@ int run(const Flags& flags) {
                                                 .shard_gradients = options.zero_stage() >= 2,
                                                 .shard_parameters = options.zero_stage() >= 3,
                                                 .bucket_bytes = options.bucket_bytes(),
-                                                .eval_batch = flags.batch};
+                                                .units_in_flight = flags.no_prefetch ? 1u : 2u,
+                                                .eval_batch = flags.batch,
+                                                .threads = xtrain::backend::resolve_threads(flags.threads)};
     estimate = xtrain::profile::estimate_memory<Precision>(model, optimizer, per_rank, memory);
     if (main_process)
       std::printf("Estimated memory per process (%s; the corpus itself not counted):\n%s", Optimizer::name,

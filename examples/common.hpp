@@ -199,6 +199,22 @@ void report_model_memory(Trainer& trainer, std::size_t parameters, int zero_stag
       static_cast<double>(usage.ru_maxrss) / 1024.0);
 }
 
+/// After --estimate-memory printed the estimates `all` (fp32, bf16, fp16): without --verify, the
+/// exit code 0; with it under several processes (it measures one), a note and 2; otherwise the
+/// estimate of `precision` in `estimate`, `meter` started, and -1: train on.
+inline int verify_or_exit(bool verify, std::size_t ranks, bool main_process, const std::string& precision,
+                          const std::vector<xtrain::profile::MemoryEstimate>& all,
+                          xtrain::profile::MemoryEstimate& estimate, xtrain::profile::PeakMeter& meter) {
+  if (!verify) return 0;
+  if (ranks > 1) {
+    if (main_process) std::printf("--verify measures one process: run it without mpirun\n");
+    return 2;
+  }
+  estimate = precision == "bf16" ? all[1] : precision == "fp16" ? all[2] : all[0];
+  meter.start();
+  return -1;
+}
+
 /// --estimate-memory --verify: the peak `measured` against the `estimated` total, in MiB.
 inline void report_verified_memory(const char* precision, double measured, double estimated) {
   std::printf("Memory (%s): measured peak %.2f MiB, estimated %.2f MiB (%+.1f%%)\n", precision, measured / (1 << 20),

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <xtrain/parallel/mpi.hpp>
 #include <xtrain/xtrain.hpp>
@@ -28,7 +29,7 @@ struct Flags {
   std::size_t epochs = 10, batch = 64, global_batch = 0, limit = 0;
   float lr = 1e-3f;
   std::uint64_t seed = 42;
-  bool sync_bn = false;
+  bool sync_bn = false, estimate_memory = false, verify_memory = false;
   std::string project_dir, resume, export_path, precision = "fp32", profile_dir;
   std::size_t threads = 0;  // 0: the backend's default
   std::size_t checkpoint_every_steps = 0;
@@ -39,7 +40,7 @@ constexpr const char* usage =
     "           [--batch N | --global-batch N] [--lr X] [--seed N] [--threads N] [--precision fp32|bf16|fp16] "
     "[--sync-bn]\n"
     "           [--project-dir DIR [--checkpoint-every-steps K]] [--resume latest|DIR] [--export FILE]\n"
-    "           [--limit N] [--profile DIR]\n"
+    "           [--limit N] [--profile DIR] [--estimate-memory [--verify]]\n"
     "  --model M         lenet (default): LeNet-5, 62k parameters; convbn: 3 convolutions with\n"
     "                    BatchNorm2d, 431k; resnet: a CIFAR-style ResNet of 6 BasicBlocks, 175k\n"
     "  --data DIR        Fashion-MNIST IDX folder, or a folder with train_x.npy, train_y.npy,\n"
@@ -61,7 +62,10 @@ constexpr const char* usage =
     "  --resume latest|DIR  continue from the newest checkpoint of --project-dir, or from DIR\n"
     "  --export FILE     write the trained model as safetensors (PyTorch state_dict names)\n"
     "  --limit N         train on the first N training images only (a quick run)\n"
-    "  --profile DIR     print where a step's time goes per layer, and write Chrome traces to DIR\n";
+    "  --profile DIR     print where a step's time goes per layer, and write Chrome traces to DIR\n"
+    "  --estimate-memory print the memory each process needs (parameters, gradients, optimizer state,\n"
+    "                    activations per module, data, workspace) in fp32, bf16 and fp16, and exit\n"
+    "  --verify          with --estimate-memory: then train (one process) measuring the peak, and compare\n";
 
 Flags parse(int argc, char** argv) {
   Flags f;
@@ -82,15 +86,19 @@ Flags parse(int argc, char** argv) {
       .text("--resume", f.resume)
       .text("--export", f.export_path)
       .text("--profile", f.profile_dir)
+      .toggle("--estimate-memory", f.estimate_memory)
+      .toggle("--verify", f.verify_memory)
       .parse(argc, argv);
+  if (f.verify_memory && !f.estimate_memory) example::fail_usage("--verify goes with --estimate-memory", usage);
   if (f.resume == "latest" && f.project_dir.empty()) example::fail_usage("--resume latest needs --project-dir", usage);
   if (f.checkpoint_every_steps && f.project_dir.empty())
     example::fail_usage("--checkpoint-every-steps needs --project-dir", usage);
   return f;
 }
 
-template <class Precision, class Model>
-int run_training(const Flags& flags, Model model) {
+// Trains the model make_model() builds (seeded by flags.seed).
+template <class Precision, class MakeModel>
+int run_training(const Flags& flags, MakeModel&& make_model) {
   xtrain::parallel::MpiAllReduce comm;
   const bool main_process = comm.rank() == 0;
   if (main_process && !flags.export_path.empty()) example::check_writable(flags.export_path, "--export");
@@ -101,6 +109,35 @@ int run_training(const Flags& flags, Model model) {
                " features and ", train.num_classes(), " classes");
   train.with_sample_shape({1, 28, 28}).truncate(flags.limit ? flags.limit : train.size());
   test.with_sample_shape({1, 28, 28});
+  using Model = decltype(make_model());
+  const std::size_t per_rank = flags.global_batch ? flags.global_batch / ranks : flags.batch;
+  xtrain::profile::PeakMeter meter;
+  xtrain::profile::MemoryEstimate estimate;
+  if (flags.estimate_memory) {
+    const xtrain::profile::MemoryOptions memory{.sample_shape = xtrain::Shape{1, 28, 28},
+                                                .ranks = ranks,
+                                                .eval_batch = xtrain::TrainingOptions{}.eval_batch_size(),
+                                                .prefetch = xtrain::backend::resolve_threads(flags.threads) > 1,
+                                                .threads = xtrain::backend::resolve_threads(flags.threads)};
+    const auto opt = xtrain::optim::Adam{}.lr(flags.lr);
+    const std::vector<xtrain::profile::MemoryEstimate> all = [&] {  // the model copy is gone before the measurement
+      const Model model = make_model();
+      return std::vector<xtrain::profile::MemoryEstimate>{
+          xtrain::profile::estimate_memory<xtrain::FullPrecision>(model, opt, per_rank, memory),
+          xtrain::profile::estimate_memory<xtrain::MixedPrecision<xtrain::bf16>>(model, opt, per_rank, memory),
+          xtrain::profile::estimate_memory<xtrain::MixedPrecision<xtrain::fp16>>(model, opt, per_rank, memory)};
+    }();
+    if (main_process)
+      std::printf("Estimated memory per process (%s, Adam; the data set itself, %.1f MiB, not counted):\n%s",
+                  flags.model.c_str(),
+                  static_cast<double>((train.size() + test.size()) * (28 * 28 + 1) * 4) / (1 << 20),
+                  xtrain::profile::memory_table(all, per_rank, memory).c_str());
+    if (const int code =
+            example::verify_or_exit(flags.verify_memory, ranks, main_process, flags.precision, all, estimate, meter);
+        code >= 0)
+      return code;
+  }
+  Model model = make_model();
   const auto options = xtrain::TrainingOptions{}
                            .batch_size(flags.batch)
                            .global_batch_size(flags.global_batch)
@@ -139,6 +176,9 @@ int run_training(const Flags& flags, Model model) {
                                .epochs(flags.project_dir.empty() ? 0 : 1)
                                .steps(flags.checkpoint_every_steps);
   const xtrain::History history = trainer.fit(train, test, checkpoints);
+  if (flags.verify_memory)
+    example::report_verified_memory(Precision::name, static_cast<double>(meter.bytes()),
+                                    static_cast<double>(estimate.total()));
   if (!flags.export_path.empty()) trainer.save_model(flags.export_path);
   if (!flags.profile_dir.empty())
     example::report_profile(profiler, trainer.communicator(), flags.profile_dir, "steps 16-65");
@@ -164,10 +204,17 @@ int run_training(const Flags& flags, Model model) {
 
 template <class Precision>
 int run_model(const Flags& flags) {
-  xtrain::set_seed(flags.seed);
-  if (flags.model == "convbn") return run_training<Precision>(flags, cnn_models::convbn(flags.sync_bn));
-  if (flags.model == "resnet") return run_training<Precision>(flags, cnn_models::resnet(flags.sync_bn));
-  return run_training<Precision>(flags, cnn_models::lenet());
+  const auto seeded = [&](auto build) {
+    return [&flags, build] {
+      xtrain::set_seed(flags.seed);
+      return build();
+    };
+  };
+  if (flags.model == "convbn")
+    return run_training<Precision>(flags, seeded([&flags] { return cnn_models::convbn(flags.sync_bn); }));
+  if (flags.model == "resnet")
+    return run_training<Precision>(flags, seeded([&flags] { return cnn_models::resnet(flags.sync_bn); }));
+  return run_training<Precision>(flags, seeded([] { return cnn_models::lenet(); }));
 }
 
 }  // namespace

@@ -166,7 +166,8 @@ int run_training(const Flags& flags) {
                                                 .shard_gradients = zero >= 2,
                                                 .eval_batch = xtrain::TrainingOptions{}.eval_batch_size(),
                                                 .gradient_compression_bytes = flags.compress == "none" ? 4u : 2u,
-                                                .prefetch = xtrain::backend::resolve_threads(flags.threads) > 1};
+                                                .prefetch = xtrain::backend::resolve_threads(flags.threads) > 1,
+                                                .threads = xtrain::backend::resolve_threads(flags.threads)};
     const std::vector<xtrain::profile::MemoryEstimate> all = [&] {  // the model copy is gone before the measurement
       const auto m = make_model();
       const auto opt = Optimizer{}.lr(flags.lr);
@@ -181,13 +182,10 @@ int run_training(const Flags& flags) {
           "16-bit weight copies: the GEMMs round the fp32 weights as they pack them):\n%s",
           Optimizer::name, static_cast<double>((train.size() + test.size()) * (features + 1) * 4) / (1 << 20),
           xtrain::profile::memory_table(all, batch_per_rank, memory).c_str());
-    if (!flags.verify_memory) return 0;
-    if (ranks > 1) {
-      if (main_process) std::printf("--verify measures one process: run it without mpirun\n");
-      return 2;
-    }
-    estimate = flags.precision == "bf16" ? all[1] : flags.precision == "fp16" ? all[2] : all[0];
-    meter.start();
+    if (const int code =
+            example::verify_or_exit(flags.verify_memory, ranks, main_process, flags.precision, all, estimate, meter);
+        code >= 0)
+      return code;
   }
   auto model = make_model();
   const auto options = xtrain::TrainingOptions{}

@@ -18,6 +18,8 @@ COVERED_ELSEWHERE = {
     "backend/workspace.hpp": (["backend/test_thread_pool.cpp", "core/test_memory.cpp"],
                               "per-part workspaces, reused once warm"),
     "checkpoint/json.hpp": (["checkpoint/test_safetensors.cpp", "fuzz_parsers.cpp"], "safetensors headers"),
+    "checkpoint/sharded.hpp": (["parallel/test_sync_sharded.cpp", "parallel/test_mpi.cpp"],
+                               "a shard per rank, resumed on 1, 2 and 4 ranks, missing and foreign shards"),
     "core/context.hpp": (["core/test_module.cpp"], "what forward and backward receive"),
     "core/param_shards.hpp": (["parallel/test_sync_sharded.cpp"], "ZeRO-3's seam between units and ShardedSync"),
     "core/recompute_memory.hpp": (["layers/test_checkpointed.cpp"], "the memory of recomputed blocks"),

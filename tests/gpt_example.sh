@@ -13,7 +13,9 @@
 #                                        0.1 %, 10 bytes per parameter held, and its estimate;
 #                                        --zero 3 --deterministic 6 on 2 processes: byte-identical
 #                                        safetensors to --deterministic 6 on 1, under 0.7x the
-#                                        parameter memory of --zero 2, a sample, and its estimate
+#                                        parameter memory of --zero 2, a sample, and its estimate;
+#                                        its checkpoint (a shard per process) resumed by 1 process
+#                                        and by 2 under --zero 1: byte-identical too
 #   gpt_example.sh sigterm EXAMPLE WORK  SIGTERM mid-training: exit code 75 with a checkpoint that
 #                                        --resume latest continues; a resume with other --heads
 #                                        is refused by name
@@ -97,6 +99,21 @@ case "$mode" in
     awk -v a="${p3:-99}" -v b="${p2:-0}" 'BEGIN { exit !(a < 0.7 * b) }' ||
       { grep '^memory' "$work/zero3"; echo "FAIL: --zero 3 does not shard the parameters"; exit 1; }
     grep -q '^--- 20 characters sampled' "$work/zero3" || { echo "FAIL: no sample under --zero 3"; exit 1; }
+    # Its checkpoint: one shard per process beside state.xtrain; resumed by 1 process, the same bits.
+    run "$work/zero3a" mpirun -np 2 "$example" "${det[@]}" --zero 3 --sample 0 --iters 15 --project-dir "$work/zp"
+    ckpt=$(ls -d "$work/zp/checkpoints/checkpoint_"* | head -1)
+    ls "$ckpt"/shard-*-00001-of-00002.xtrain "$ckpt"/shard-*-00002-of-00002.xtrain > /dev/null ||
+      { ls -l "$ckpt"; echo "FAIL: --zero 3 did not save one shard per process"; exit 1; }
+    run "$work/zero3b" "$example" "${det[@]}" --sample 0 --project-dir "$work/zp" --resume latest \
+      --export "$work/zero3b.safetensors"
+    cmp "$work/det1.safetensors" "$work/zero3b.safetensors" ||
+      { echo "FAIL: 15 steps on 2 processes (--zero 3) + 15 resumed on 1 trained another model"; exit 1; }
+    cp -r "$work/zp" "$work/zp1"
+    run "$work/zero3c" mpirun -np 2 "$example" "${det[@]}" --zero 1 --sample 0 --project-dir "$work/zp1" \
+      --resume latest --export "$work/zero3c.safetensors"
+    cmp "$work/det1.safetensors" "$work/zero3c.safetensors" ||
+      { echo "FAIL: 15 steps on 2 processes (--zero 3) + 15 resumed on 2 (--zero 1) trained another model"; exit 1; }
+    echo "--zero 3: $(ls "$ckpt" | tr '\n' ' ')saved; resumed on 1 process and on 2 (--zero 1): byte-identical safetensors"
     run "$work/estimate3" mpirun -np 2 "$example" "${args[@]}" --zero 3 --estimate-memory
     grep -q 'ZeRO-3' "$work/estimate3" || { cat "$work/estimate3"; echo "FAIL: no ZeRO-3 estimate"; exit 1; }
     ;;

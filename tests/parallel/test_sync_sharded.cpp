@@ -1,8 +1,10 @@
 // parallel/sync_sharded.hpp: the sharded optimizer step (ZeRO-1), sharded gradients (ZeRO-2) and
 // sharded parameters (ZeRO-3, layers::ShardedUnit) on thread-ranks give the parameters of the
 // unsharded run, ZeRO-2 holds 1/N of the gradient memory and ZeRO-3 1/N of the units' parameters,
-// the deterministic reduction gives the bits of the unsharded one, and the sharded state is saved
-// whole and resumes unsharded on another rank count.
+// the deterministic reduction gives the bits of the unsharded one, the sharded state is saved in
+// one shard per rank and resumes on another rank count, sharded or not, and ZeRO-3 exports one
+// unit at a time.
+#include <algorithm>
 #include <filesystem>
 #include <mutex>
 #include <stdexcept>
@@ -128,20 +130,134 @@ TEST_CASE("ZeRO with the deterministic reduction gives the bits of the unsharded
                       Catch::Contains("use deterministic(32) for a global batch of 64 on 2 ranks"));
 }
 
-TEST_CASE("ZeRO-3's state is saved whole and resumes unsharded on another rank count", "[parallel][zero][checkpoint]") {
+TEST_CASE("ZeRO-3's state is saved in shards, one per rank, and resumes on any rank count, sharded or not",
+          "[parallel][zero][checkpoint]") {
   const std::string dir = (std::filesystem::temp_directory_path() / "xtrain_zero3_ckpt").string();
   std::filesystem::remove_all(dir);
   const auto options = TrainingOptions{}.global_batch_size(64);
   const Run straight = train_units(2, TrainingOptions{options}.zero_stage(3));
   train_units(2, TrainingOptions{options}.zero_stage(3), dir);  // saved after step 20, then interrupted
-  std::vector<float> resumed;
-  parallel::launch_threads(1, [&](ThreadAllReduce& comm) {
-    UnitTrainer t{unit_mlp(), optim::Adam{}.lr(2e-3f), TrainingOptions{options}.epochs(1).verbose(false), comm};
+  // Each rank wrote its block of the parameters and of the optimizer state; state.xtrain the rest.
+  const auto shards = [&] {  // the shard files, by name
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+      if (e.path().filename().string().rfind("shard-", 0) == 0) names.push_back(e.path().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const std::vector<std::string> saved = shards();
+  REQUIRE(saved.size() == 2);
+  REQUIRE(saved[0].ends_with("-00001-of-00002.xtrain"));
+  REQUIRE(saved[1].ends_with("-00002-of-00002.xtrain"));
+  const auto shard_bytes = std::filesystem::file_size(saved[0]);
+  REQUIRE(shard_bytes > straight.arena * 3 / 2 - 4096);  // values, exp_avg, exp_avg_sq: 3 x 1/2 of the arena
+  REQUIRE(shard_bytes < straight.arena * 3 / 2 + 4096);
+  REQUIRE(std::filesystem::file_size(dir + "/state.xtrain") < straight.arena / 8);
+  for (const std::size_t ranks : {1u, 2u, 4u}) {
+    INFO("resumed on " << ranks << " ranks" << (ranks > 1 ? ", ZeRO-3" : ""));
+    std::vector<float> resumed;
+    parallel::launch_threads(ranks, [&](ThreadAllReduce& comm) {
+      UnitTrainer t{unit_mlp(), optim::Adam{}.lr(2e-3f),
+                    TrainingOptions{options}.zero_stage(ranks > 1 ? 3 : 0).epochs(1).verbose(false), comm};
+      t.load_state(dir);
+      t.fit(train3200(), test500());
+      t.with_full_parameters([&] {
+        if (comm.rank() == 0) resumed.assign(t.params().values().begin(), t.params().values().end());
+      });
+    });
+    const std::vector<float> expected =
+        without_padding(straight.params, std::min(resumed.size(), straight.params.size()));
+    if (ranks == 2)  // the same ranks: the same sums
+      REQUIRE(without_padding(resumed, expected.size()) == expected);
+    else
+      REQUIRE(max_abs_diff(expected, without_padding(resumed, expected.size())) <= 1e-5f);
+  }
+  // Another save into the folder: new shards beside the old ones, the old ones removed once the
+  // new state.xtrain is written.
+  const std::string old_state = dir + "/old_state";
+  std::filesystem::copy_file(dir + "/state.xtrain", old_state);
+  std::filesystem::copy_file(saved[0], dir + "/old_shard_1");
+  std::filesystem::copy_file(saved[1], dir + "/old_shard_2");
+  train_units(2, TrainingOptions{options}.zero_stage(3).seed(5), dir);
+  const std::vector<std::string> again = shards();
+  REQUIRE(again.size() == 2);
+  REQUIRE(again[1] != saved[1]);
+  // The old state with a shard missing, or with a shard of another save under its name: an error
+  // on every rank, the rank that read it says which file; nothing restored before.
+  std::filesystem::rename(old_state, dir + "/state.xtrain");
+  const auto load = [&](const std::string& expected) {
+    parallel::launch_threads(2, [&](ThreadAllReduce& comm) {
+      UnitTrainer t{unit_mlp(), optim::Adam{}, TrainingOptions{options}.zero_stage(3), comm};
+      std::vector<float> before;
+      t.with_full_parameters([&] { before.assign(t.params().values().begin(), t.params().values().end()); });
+      if (comm.rank() == 1)
+        REQUIRE_THROWS_WITH(t.load_state(dir), Catch::Contains(expected));
+      else
+        REQUIRE_THROWS_AS(t.load_state(dir), CheckpointError);
+      REQUIRE(t.step() == 0);
+      t.with_full_parameters(
+          [&] { REQUIRE(std::vector<float>(t.params().values().begin(), t.params().values().end()) == before); });
+    });
+  };
+  load(saved[1] + ": cannot open");
+  std::filesystem::copy_file(again[1], saved[1]);  // the new save's shard 2 under the old name
+  load(saved[1] + ": belongs to another save");
+  std::filesystem::rename(dir + "/old_shard_1", saved[0]);
+  std::filesystem::rename(dir + "/old_shard_2", saved[1]);
+  parallel::launch_threads(2, [&](ThreadAllReduce& comm) {  // the old state, whole again, loads
+    UnitTrainer t{unit_mlp(), optim::Adam{}, TrainingOptions{options}.zero_stage(3), comm};
     t.load_state(dir);
-    t.fit(train3200(), test500());
-    resumed.assign(t.params().values().begin(), t.params().values().end());
+    REQUIRE(t.step() == 20);
   });
-  REQUIRE(max_abs_diff(without_padding(straight.params, resumed.size()), resumed) <= 1e-5f);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("ZeRO-3 exports safetensors one unit at a time: the unsharded file, never the whole model on a rank",
+          "[parallel][zero][checkpoint]") {
+  const std::string dir = (std::filesystem::temp_directory_path() / "xtrain_zero3_export").string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  parallel::launch_threads(2, [&](ThreadAllReduce& comm) {
+    UnitTrainer t{unit_mlp(), optim::Adam{}.lr(2e-3f),
+                  TrainingOptions{}.global_batch_size(64).zero_stage(3).epochs(1).verbose(false), comm};
+    t.fit(train3200(), test500());
+    t.save_model(dir + "/sharded.safetensors");
+    t.save_model(dir + "/split.safetensors", 100000);  // 2 files: the first weight; the rest
+    // The parameter memory a rank holds while the tensors are read one by one: its block and the
+    // parameters outside the units, and the unit being read, the previous one given back.
+    const std::size_t between = t.parameter_bytes(), first = (784 * 64 + 64) * sizeof(float),
+                      second = (64 * 32 + 32) * sizeof(float);
+    std::vector<std::size_t> held;
+    std::size_t read = 0, elements = 0;
+    t.with_parameters_by_unit([&](auto&& values) {
+      for (const ParamEntry& e : t.params().entries()) {
+        read += values(e).size();
+        elements += e.size;
+        held.push_back(t.parameter_bytes());
+      }
+    });
+    REQUIRE(read == elements);
+    REQUIRE(held.size() == 6);  // 0.weight, 0.bias (the first unit), 3.0.weight, 3.0.bias, 4.weight, 4.bias
+    REQUIRE(held[0] <= between + first + 2 * 4096);
+    REQUIRE(held[0] > between + first / 4);
+    REQUIRE(held[2] <= between + second + 2 * 4096);
+    REQUIRE(held[4] == between);
+    REQUIRE(t.parameter_bytes() == between);  // given back
+    t.with_full_parameters([&] {
+      if (comm.rank() == 0)
+        checkpoint::write_safetensors(dir + "/whole.safetensors", checkpoint::state_dict(t.model(), t.params()));
+    });
+  });
+  const auto bytes = [&](const std::string& name) { return checkpoint::read_file(dir + "/" + name); };
+  REQUIRE(bytes("sharded.safetensors") == bytes("whole.safetensors"));
+  REQUIRE(std::filesystem::exists(dir + "/split-00002-of-00002.safetensors"));
+  REQUIRE(std::filesystem::exists(dir + "/split.safetensors.index.json"));
+  parallel::launch_threads(1, [&](ThreadAllReduce& comm) {  // the split export holds the same tensors
+    UnitTrainer again{unit_mlp(), optim::Adam{}, TrainingOptions{}, comm};
+    again.load_model(dir + "/split.safetensors.index.json");
+    again.save_model(dir + "/again.safetensors");
+  });
+  REQUIRE(bytes("again.safetensors") == bytes("whole.safetensors"));
   std::filesystem::remove_all(dir);
 }
 

@@ -11,8 +11,10 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <filesystem>
+#include <span>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -39,6 +41,28 @@ void on_main_rank(C& comm, const char* what, F&& work) {
     }
   comm.broadcast(error, what);
   if (!error.empty()) throw CheckpointError(error);
+}
+
+/// Runs `work()` on every rank; then every rank throws CheckpointError when `work` threw on any
+/// rank (with its own message, or naming the ranks that failed). Collective. `work` must not
+/// throw between collectives of its own (a rank that skips one leaves the others waiting in it).
+template <parallel::Communicator C, class F>
+void on_every_rank(C& comm, const char* what, F&& work) {
+  std::string error;
+  try {
+    work();
+  } catch (const std::exception& e) {
+    error = e.what();
+    if (error.empty()) error = std::string(what) + " failed";
+  }
+  std::vector<double> failed(comm.size(), 0.0);
+  failed[comm.rank()] = error.empty() ? 0.0 : 1.0;
+  comm.allreduce_sum(std::span<double>(failed), what);
+  if (!error.empty()) throw CheckpointError(error);
+  std::string ranks;
+  for (std::size_t r = 0; r < failed.size(); ++r)
+    if (failed[r] > 0.0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  XTRAIN_CHECK(ranks.empty(), CheckpointError, what, ": failed on rank(s) ", ranks, " (their error says why)");
 }
 
 /// Runs `read()` (which returns a std::string: a file's payload) on rank 0 and returns its result
@@ -70,16 +94,38 @@ void save_training_state(C& comm, const std::string& dir, Model& model, ParamAre
   });
 }
 
-/// Restores what save_training_state saved in `dir` on every rank: rank 0 reads and verifies the
-/// file, every rank decodes it (parameters, buffers, `state` in the full layout, `schedule`, the
-/// `objects`) and gets its position. Collective.
-template <class Model, class Optimizer, parallel::Communicator C>
-Position load_training_state(C& comm, const std::string& dir, Model& model, ParamArena& arena,
-                             typename Optimizer::State& state, optim::LrSchedule& schedule,
-                             const std::vector<Registered>& objects) {
-  const std::string path = dir + "/" + state_file_name;
-  const std::string payload = read_on_main_rank(comm, "checkpoint load", [&] { return read_verified(path); });
-  return decode<Model, Optimizer>(payload, path, model, arena, state, schedule, objects);
+/// A training state's file as read by rank 0, on every rank: its path, payload and format
+/// version, and how the state is split (ShardInfo: count 0 when everything is in this file).
+struct StateFile {
+  std::string path, payload;
+  std::uint32_t version = 0;
+  ShardInfo shards;
+};
+
+/// Reads and verifies `dir`/state.xtrain on rank 0 and gives it to every rank. Collective.
+template <parallel::Communicator C>
+StateFile read_training_state(C& comm, const std::string& dir) {
+  StateFile f;
+  f.path = dir + "/" + state_file_name;
+  f.payload = read_on_main_rank(comm, "checkpoint load", [&] {
+    std::uint32_t version = 0;
+    std::string payload = read_verified(f.path, &version);
+    payload.push_back(static_cast<char>(version));  // (versions < 256)
+    return payload;
+  });
+  f.version = static_cast<unsigned char>(f.payload.back());
+  f.payload.pop_back();
+  f.shards = shard_info(f.payload, f.version, f.path);
+  return f;
+}
+
+/// Restores what save_training_state saved in `file` on every rank (parameters, buffers, `state` in
+/// the full layout, `schedule`, the `objects`) and returns its position; a sharded state restores
+/// all but the values and the optimizer state (checkpoint/sharded.hpp loads those).
+template <class Model, class Optimizer>
+Position load_training_state(const StateFile& file, Model& model, ParamArena& arena, typename Optimizer::State& state,
+                             optim::LrSchedule& schedule, const std::vector<Registered>& objects) {
+  return decode<Model, Optimizer>(file.payload, file.version, file.path, model, arena, state, schedule, objects);
 }
 
 /// The complete numbered checkpoints under `root` (folders checkpoint_N holding a state file;

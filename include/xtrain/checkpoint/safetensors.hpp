@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -29,31 +30,64 @@ struct TensorBytes {
   std::string bytes;
 };
 
-/// Every parameter (F32) and buffer (F32, num_batches_tracked I64) of `model`, by state_dict name.
+/// One tensor of an export as planned before any is written: its name, dtype, shape and size in
+/// bytes, and either the parameter whose values it is (`param`, read when the tensor is written)
+/// or its bytes (a buffer's).
+struct ExportTensor {
+  std::string name, dtype;
+  std::vector<std::uint64_t> shape;
+  std::uint64_t size = 0;
+  const ParamEntry* param = nullptr;
+  std::string bytes;
+};
+
+/// Every parameter (F32, a tied one under each of its names, as state_dict) and buffer (F32,
+/// num_batches_tracked I64) of `model`, by state_dict name, in that order.
 template <class Model>
-std::vector<TensorBytes> state_dict(Model& model, ParamArena& arena) {
+std::vector<ExportTensor> export_plan(Model& model, ParamArena& arena) {
   static_assert(std::endian::native == std::endian::little, "safetensors export assumes a little-endian host");
-  std::vector<TensorBytes> out;
-  for (const auto& e : arena.entries()) {  // a tied parameter under each of its names, as state_dict
-    auto v = arena.values(e);
-    const std::string bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-    out.push_back({e.name, "F32", {e.shape.begin(), e.shape.end()}, bytes});
-    for (const auto& alias : e.aliases) out.push_back({alias, "F32", {e.shape.begin(), e.shape.end()}, bytes});
+  std::vector<ExportTensor> out;
+  for (const auto& e : arena.entries()) {
+    const std::vector<std::uint64_t> shape(e.shape.begin(), e.shape.end());
+    out.push_back({e.name, "F32", shape, e.size * sizeof(float), &e, {}});
+    for (const auto& alias : e.aliases) out.push_back({alias, "F32", shape, e.size * sizeof(float), &e, {}});
   }
   xtrain::visit_buffers(model, [&](const std::string& name, auto&& buffer) {
     if constexpr (std::is_same_v<std::remove_cvref_t<decltype(buffer)>, Tensor<float>>)
       out.push_back({name,
                      "F32",
                      {buffer.shape().begin(), buffer.shape().end()},
+                     buffer.size() * sizeof(float),
+                     nullptr,
                      std::string(reinterpret_cast<const char*>(buffer.data()), buffer.size() * sizeof(float))});
     else
-      out.push_back({name, "I64", {}, std::string(reinterpret_cast<const char*>(&buffer), sizeof(std::int64_t))});
+      out.push_back({name,
+                     "I64",
+                     {},
+                     sizeof(std::int64_t),
+                     nullptr,
+                     std::string(reinterpret_cast<const char*>(&buffer), sizeof(std::int64_t))});
   });
   return out;
 }
 
-/// Writes `tensors` as one safetensors file at `path` (atomically).
-inline void write_safetensors(const std::string& path, const std::vector<TensorBytes>& tensors) {
+/// Every parameter and buffer of `model` with its bytes, by state_dict name (export_plan's order).
+template <class Model>
+std::vector<TensorBytes> state_dict(Model& model, ParamArena& arena) {
+  std::vector<TensorBytes> out;
+  for (ExportTensor& t : export_plan(model, arena)) {
+    if (t.param) {
+      const std::span<const float> v = arena.values(*t.param);
+      t.bytes.assign(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+    }
+    out.push_back({std::move(t.name), std::move(t.dtype), std::move(t.shape), std::move(t.bytes)});
+  }
+  return out;
+}
+
+/// The start of a safetensors file holding `tensors` in order: the header's length (8 bytes) and
+/// the JSON header, padded so that the data starts 8-byte aligned.
+inline std::string safetensors_header(std::span<const ExportTensor> tensors) {
   std::string header = "{";
   std::uint64_t offset = 0;
   for (const auto& t : tensors) {
@@ -62,61 +96,107 @@ inline void write_safetensors(const std::string& path, const std::vector<TensorB
       if (i) header += ',';
       header += std::to_string(t.shape[i]);
     }
-    header += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + t.bytes.size()) + "]},";
-    offset += t.bytes.size();
+    header += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + t.size) + "]},";
+    offset += t.size;
   }
   header += "\"__metadata__\":{\"format\":\"pt\"}}";
-  while (header.size() % 8) header += ' ';  // data starts 8-byte aligned
+  while (header.size() % 8) header += ' ';
   std::string length(8, '\0');
   for (int i = 0; i < 8; ++i)
     length[static_cast<std::size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xFF);
-  std::string data;
-  data.reserve(offset);
-  for (const auto& t : tensors) data += t.bytes;
-  write_file_atomic(path, {length, header, data});
+  return length + header;
+}
+
+/// Writes `tensors` as one safetensors file at `path` (atomically).
+inline void write_safetensors(const std::string& path, const std::vector<TensorBytes>& tensors) {
+  std::vector<ExportTensor> plan;
+  plan.reserve(tensors.size());
+  for (const TensorBytes& t : tensors) plan.push_back({t.name, t.dtype, t.shape, t.bytes.size(), nullptr, {}});
+  AtomicFile file(path);
+  file.write(safetensors_header(plan));
+  for (const TensorBytes& t : tensors) file.write(t.bytes);
+  file.commit();
 }
 
 /// Writes the model to `path` (".safetensors"). If max_shard_bytes > 0 and the model is larger,
 /// writes shards `<stem>-00001-of-0000N.safetensors` beside it and `<path>.index.json` instead.
-/// Returns the files written.
+/// Streams: a parameter's bytes are `values(entry)` (a span of floats), asked for as the tensor is
+/// written, in export_plan's order, never all at once. Every rank of a sharded run calls it with
+/// `write` true on one rank only: `values` is then called on every rank in the same order (it may
+/// gather), and an error on the writing rank is thrown after the last call. Returns the files.
+template <class Model, class Values>
+std::vector<std::string> save_model(Model& model, ParamArena& arena, const std::string& path,
+                                    std::uint64_t max_shard_bytes, Values&& values, bool write = true) {
+  const std::vector<ExportTensor> tensors = export_plan(model, arena);
+  std::uint64_t total = 0;
+  std::vector<std::size_t> first{0};  // each file's first tensor, then the end
+  for (std::size_t i = 0, in_file = 0; i < tensors.size(); ++i) {
+    if (max_shard_bytes > 0 && in_file > 0 && in_file + tensors[i].size > max_shard_bytes)
+      first.push_back(i), in_file = 0;
+    in_file += tensors[i].size;
+    total += tensors[i].size;
+  }
+  if (max_shard_bytes == 0 || total <= max_shard_bytes) first.resize(1);
+  first.push_back(tensors.size());
+  const std::size_t files = first.size() - 1;
+  const std::filesystem::path p(path);
+  std::vector<std::string> names;
+  std::string error;
+  const auto attempt = [&](auto&& step) {
+    if (!write || !error.empty()) return;
+    try {
+      step();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  };
+  attempt([&] {
+    if (!p.parent_path().empty()) std::filesystem::create_directories(p.parent_path());
+  });
+  std::string map;
+  for (std::size_t f = 0; f < files; ++f) {
+    char suffix[64];
+    std::snprintf(suffix, sizeof suffix, "-%05zu-of-%05zu.safetensors", f + 1, files);
+    const std::string name = files == 1 ? p.filename().string() : p.stem().string() + suffix;
+    names.push_back(files == 1 ? path : (p.parent_path() / name).string());
+    const std::span<const ExportTensor> in_file(tensors.data() + first[f], first[f + 1] - first[f]);
+    std::optional<AtomicFile> file;
+    attempt([&] {
+      file.emplace(names.back());
+      file->write(safetensors_header(in_file));
+    });
+    for (const ExportTensor& t : in_file) {
+      std::string_view bytes = t.bytes;
+      if (t.param) {
+        const std::span<const float> v = values(*t.param);
+        bytes = {reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)};
+      }
+      attempt([&] { file->write(bytes); });
+    }
+    attempt([&] { file->commit(); });
+    for (const ExportTensor& t : in_file) {
+      if (!map.empty()) map += ',';
+      map += json::quote(t.name);
+      map += ':';
+      map += json::quote(name);
+    }
+  }
+  if (files > 1) {
+    const std::string index =
+        "{\"metadata\":{\"total_size\":" + std::to_string(total) + "},\"weight_map\":{" + map + "}}\n";
+    attempt([&] { write_file_atomic(path + ".index.json", {index}); });
+    names.push_back(path + ".index.json");
+  }
+  XTRAIN_CHECK(error.empty(), CheckpointError, error);
+  return names;
+}
+
+/// Writes the model to `path` from `arena`'s values (see above).
 template <class Model>
 std::vector<std::string> save_model(Model& model, ParamArena& arena, const std::string& path,
                                     std::uint64_t max_shard_bytes = 0) {
-  const std::vector<TensorBytes> tensors = state_dict(model, arena);
-  std::uint64_t total = 0;
-  for (const auto& t : tensors) total += t.bytes.size();
-  const std::filesystem::path p(path);
-  if (!p.parent_path().empty()) std::filesystem::create_directories(p.parent_path());
-  if (max_shard_bytes == 0 || total <= max_shard_bytes) {
-    write_safetensors(path, tensors);
-    return {path};
-  }
-  std::vector<std::vector<TensorBytes>> shards(1);
-  std::uint64_t in_shard = 0;
-  for (const auto& t : tensors) {
-    if (in_shard > 0 && in_shard + t.bytes.size() > max_shard_bytes) shards.emplace_back(), in_shard = 0;
-    shards.back().push_back(t);
-    in_shard += t.bytes.size();
-  }
-  char suffix[64];
-  std::vector<std::string> files;
-  std::string map;
-  for (std::size_t s = 0; s < shards.size(); ++s) {
-    std::snprintf(suffix, sizeof suffix, "-%05zu-of-%05zu.safetensors", s + 1, shards.size());
-    const std::string name = p.stem().string() + suffix;
-    const std::string file = (p.parent_path() / name).string();
-    write_safetensors(file, shards[s]);
-    files.push_back(file);
-    for (const auto& t : shards[s]) {
-      if (!map.empty()) map += ',';
-      map += json::quote(t.name) + ":" + json::quote(name);
-    }
-  }
-  const std::string index =
-      "{\"metadata\":{\"total_size\":" + std::to_string(total) + "},\"weight_map\":{" + map + "}}\n";
-  write_file_atomic(path + ".index.json", {index});
-  files.push_back(path + ".index.json");
-  return files;
+  return save_model(model, arena, path, max_shard_bytes,
+                    [&](const ParamEntry& e) { return std::span<const float>(arena.values(e)); });
 }
 
 /// A parsed safetensors file: the bytes and, per tensor, its dtype, shape and byte range.

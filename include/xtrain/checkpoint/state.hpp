@@ -95,6 +95,25 @@ struct Position {
   }
 };
 
+/// How a training state is split (format 4): not at all (`count` 0: everything in state.xtrain),
+/// or into `count` shard files (checkpoint/sharded.hpp) written by the ranks of a sharded run
+/// (ZeRO), each holding a piece of the parameter values and of every optimizer state vector in the
+/// checkpoint's rank-count-independent layout: `ranges[i]` lists shard i's pieces (start, count:
+/// in elements of `elems` bytes), values first; `id` ties the shard files to their state file.
+struct ShardInfo {
+  std::uint64_t count = 0;
+  std::string id;
+  std::vector<std::uint64_t> elems;
+  std::vector<std::vector<std::uint64_t>> ranges;
+  template <class Archive>
+  void serialize(Archive& ar, unsigned) {
+    ar& make_nvp("count", count);
+    ar& make_nvp("id", id);
+    ar& make_nvp("elems", elems);
+    ar& make_nvp("ranges", ranges);
+  }
+};
+
 /// An object saved with the training state: anything with `serialize(Archive&, unsigned)`.
 struct Registered {
   std::function<void(boost::archive::binary_oarchive&)> save;
@@ -119,13 +138,17 @@ std::vector<std::string> model_signature(Model& model, const ParamArena& arena) 
 }
 
 /// Serialises the state. Requires: called identically on every rank (the bytes are rank 0's).
+/// With `shards.count` > 0 the parameters' values and `state` are in the shard files: the
+/// parameters are written without values, `state` should be empty.
 template <class Model, class Optimizer>
 std::string encode(Model& model, ParamArena& arena, const Optimizer& optimizer, typename Optimizer::State& state,
-                   const optim::LrSchedule& schedule, const Position& position,
-                   const std::vector<Registered>& objects) {
+                   const optim::LrSchedule& schedule, const Position& position, const std::vector<Registered>& objects,
+                   const ShardInfo& shards = {}) {
   std::ostringstream os(std::ios::binary);
   {
     boost::archive::binary_oarchive ar(os, boost::archive::no_header);
+    ShardInfo split = shards;
+    ar << make_nvp("shards", split);
     std::string library = version_string, optimizer_name = Optimizer::name;
     ar << make_nvp("library", library);
     std::vector<std::string> signature = model_signature(model, arena);
@@ -135,7 +158,7 @@ std::string encode(Model& model, ParamArena& arena, const Optimizer& optimizer, 
     ar << make_nvp("base_lr", lr);
     std::vector<NamedTensor> params;
     for (const auto& e : arena.entries()) {
-      auto v = arena.values(e);
+      auto v = shards.count ? std::span<float>() : arena.values(e);
       params.push_back({e.name, {e.shape.begin(), e.shape.end()}, {v.begin(), v.end()}});
     }
     ar << make_nvp("params", params);
@@ -161,15 +184,39 @@ std::string encode(Model& model, ParamArena& arena, const Optimizer& optimizer, 
   return os.str();
 }
 
-/// Restores the state from `payload`; `source` names the file in errors. Throws CheckpointError
+/// How the state in `payload` (of format `version`) is split; `source` names the file in errors.
+inline ShardInfo shard_info(const std::string& payload, std::uint32_t version, const std::string& source) {
+  ShardInfo shards;
+  if (version < 4) return shards;
+  std::istringstream is(payload, std::ios::binary);
+  try {
+    boost::archive::binary_iarchive ar(is, boost::archive::no_header);
+    ar >> make_nvp("shards", shards);
+  } catch (const boost::archive::archive_exception& e) {
+    throw CheckpointError(source + ": unreadable training state (" + e.what() + ")");
+  }
+  XTRAIN_CHECK(shards.ranges.size() == shards.count, CheckpointError, source, ": lists ", shards.ranges.size(),
+               " shards of ", shards.count);
+  for (const auto& r : shards.ranges)
+    XTRAIN_CHECK(r.size() == 2 * shards.elems.size(), CheckpointError, source, ": a shard lists ", r.size() / 2,
+                 " pieces of ", shards.elems.size(), " state vectors");
+  return shards;
+}
+
+/// Restores the state from `payload` (of format `version`); `source` names the file in errors.
+/// A sharded state (shard_info(...).count > 0) restores all but the parameters' values and the
+/// optimizer state (`state` left empty): they are in the shard files. Throws CheckpointError
 /// when the checkpoint belongs to another model or optimizer.
 template <class Model, class Optimizer>
-Position decode(const std::string& payload, const std::string& source, Model& model, ParamArena& arena,
-                typename Optimizer::State& state, optim::LrSchedule& schedule, const std::vector<Registered>& objects) {
+Position decode(const std::string& payload, std::uint32_t version, const std::string& source, Model& model,
+                ParamArena& arena, typename Optimizer::State& state, optim::LrSchedule& schedule,
+                const std::vector<Registered>& objects) {
   std::istringstream is(payload, std::ios::binary);
   Position position;
   try {
     boost::archive::binary_iarchive ar(is, boost::archive::no_header);
+    ShardInfo shards;
+    if (version >= 4) ar >> make_nvp("shards", shards);
     std::string library, optimizer_name;
     std::vector<std::string> signature;
     float base_lr = 0;
@@ -191,7 +238,7 @@ Position decode(const std::string& payload, const std::string& source, Model& mo
     ar >> make_nvp("params", params);
     ar >> make_nvp("buffers", buffers);
     ar >> make_nvp("counters", counters);
-    for (std::size_t i = 0; i < params.size(); ++i) {  // names and shapes checked by the signature
+    for (std::size_t i = 0; i < params.size() && !shards.count; ++i) {  // names, shapes checked by the signature
       const std::vector<float>& saved = params[i].values;
       std::copy(saved.begin(), saved.end(), arena.values(arena.entries()[i]).begin());
     }

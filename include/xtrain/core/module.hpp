@@ -91,6 +91,27 @@ struct BufferNamer {
   void id(ModuleId&) {}
 };
 
+/// Calls f(full_name, unit) for every module that reports itself as a ZeRO-3 unit (its visit
+/// calls `v.shard_unit(*this)` first: layers::ShardedUnit), in visit order, nested ones too.
+template <class F>
+struct UnitNamer {
+  F& f;
+  std::string prefix;
+  void param(std::string_view, Param&, ParamKind = ParamKind::weight) {}
+  void buffer(std::string_view, Tensor<float>&, bool = true) {}
+  void buffer(std::string_view, std::int64_t&) {}
+  template <class M>
+  void child(std::string_view name, M& m) {
+    UnitNamer inner{f, join_name(prefix, name)};
+    m.visit(inner);
+  }
+  void id(ModuleId&) {}
+  template <class U>
+  void shard_unit(U& unit) {
+    f(prefix, unit);
+  }
+};
+
 /// Gives every module its pre-order index.
 struct IdAssigner {
   std::uint32_t next = 1, current = 0;
@@ -139,6 +160,14 @@ void visit_parameters(M& m, F&& f) {
 template <class M, class F>
 void visit_buffers(M& m, F&& f, bool include_non_persistent = false) {
   detail::BufferNamer<std::remove_reference_t<F>> v{f, {}, include_non_persistent};
+  m.visit(v);
+}
+
+/// Calls f(name, unit) for every ZeRO-3 unit of module `m` (layers::ShardedUnit: unit.module() is
+/// what it wraps), by its state_dict prefix, in layer order (nested units too).
+template <class M, class F>
+void visit_units(M& m, F&& f) {
+  detail::UnitNamer<std::remove_reference_t<F>> v{f, {}};
   m.visit(v);
 }
 

@@ -11,9 +11,11 @@ namespace xtrain {
 
 class ParamShards {
  public:
-  /// Makes unit `unit`'s parameters whole on this rank (collective: every rank calls it for the
-  /// same unit in the same order). Calls nest: the parameters stay until the matching release().
-  virtual void gather(std::size_t unit) = 0;
+  /// Makes unit `unit`'s parameters whole on this rank for its forward or, `backward`, its
+  /// backward (collective: every rank calls it for the same unit in the same order; the pass
+  /// says which unit runs next, for prefetching). Calls nest: the parameters stay until the
+  /// matching release().
+  virtual void gather(std::size_t unit, bool backward) = 0;
   /// Gives back what gather() brought, once its last gather() is released (this rank's shard stays).
   virtual void release(std::size_t unit) = 0;
 

@@ -5,8 +5,9 @@
 /// rank holds its block of the flat arena, and the pages of the rest are given back. A unit's
 /// parameters are all-gathered before its forward and again before its backward, and given back
 /// after each; parameters outside every unit (a GPT's embeddings and final LayerNorm) stay whole on
-/// every rank. A rank then holds its shard, the parameters outside the units and one unit (two
-/// while a unit nests a call to another), instead of the whole model.
+/// every rank. A rank then holds its shard, the parameters outside the units, the unit that runs
+/// and, over MPI, the next one (gathered meanwhile: TrainingOptions::prefetch_units), instead of
+/// the whole model.
 ///
 /// Transparent otherwise: m's names, buffers, module identities and results are those of m
 /// unwrapped, and without zero_stage(3) (or on one rank) it calls m directly. The engine finds the
@@ -46,7 +47,7 @@ class ShardedUnit {
   template <ActivationType T>
   requires ModuleFor<M, T>
   const Tensor<T>& forward(Context& ctx, const Tensor<T>& x) {
-    const Gathered g(shards_, index_);
+    const Gathered g(shards_, index_, false);
     return module_.forward(ctx, x);
   }
   /// m's backward with its parameters gathered (they are given back before the readiness of m's
@@ -54,7 +55,7 @@ class ShardedUnit {
   template <ActivationType T>
   requires ModuleFor<M, T>
   const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
-    const Gathered g(shards_, index_);
+    const Gathered g(shards_, index_, true);
     return module_.backward(ctx, dy);
   }
 
@@ -86,8 +87,8 @@ class ShardedUnit {
 
  private:
   struct Gathered {
-    Gathered(ParamShards* s, std::size_t i) : shards(s), index(i) {
-      if (shards) shards->gather(index);
+    Gathered(ParamShards* s, std::size_t i, bool backward) : shards(s), index(i) {
+      if (shards) shards->gather(index, backward);
     }
     Gathered(const Gathered&) = delete;
     Gathered& operator=(const Gathered&) = delete;

@@ -167,6 +167,8 @@ class GradientBuckets {
     stats_.collectives += collectives;
     ++stats_.steps;
   }
+  /// Counts ZeRO-3 unit gathers that were in flight when their unit ran.
+  void count_prefetched(std::size_t units) noexcept { stats_.units_prefetched += units; }
 
  private:
   static bool compressed(C& comm) {

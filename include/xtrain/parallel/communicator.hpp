@@ -85,6 +85,13 @@ concept GathersRanges = requires(C& c, std::span<float> f, std::span<const float
   c.exchange_range(cf, i, i, f, "name");
 };
 
+/// Optional: allgather_range without blocking (`iallgather_range(buffer, lo, hi, name)` ->
+/// Request, completed by wait): ZeRO-3 gathers the next unit so while the current one computes.
+template <class C>
+concept IGathersRanges = requires(C& c, std::span<float> f, std::size_t i) {
+  { c.iallgather_range(f, i, i, "name") } -> std::same_as<typename C::Request>;
+};
+
 /// Buffers a communicator provides in memory its peers read (MpiAllReduce's node segment): the
 /// Engine moves its gradients (and, sharded, its parameters) there so that collectives read them
 /// in place. An empty span: keep the arena's own buffer.

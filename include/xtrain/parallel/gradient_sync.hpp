@@ -30,12 +30,21 @@ struct CommStats {
   double overlap_seconds = 0.0;  ///< from the first bucket's start to the end of backward
   std::size_t steps = 0;
   std::size_t collectives = 0;
+  std::size_t units_prefetched = 0;  ///< ZeRO-3: unit gathers already in flight when the unit ran
 };
 
 /// Elements [begin, end) of the flat parameter arena.
 struct ArenaRange {
   std::size_t begin = 0, end = 0;
   std::size_t size() const noexcept { return end - begin; }
+};
+
+/// A rank's piece of one vector of the training state (the parameter values, or a vector of the
+/// optimizer state) as a sharded checkpoint saves and loads it: `count` elements of `elem` bytes
+/// at `data`, elements [start, start + count) of the vector in the checkpoint's layout.
+struct StatePiece {
+  std::byte* data = nullptr;
+  std::size_t start = 0, count = 0, elem = 0;
 };
 
 /// What a gradient synchronisation mode does, in the order the engine calls it:
@@ -57,7 +66,11 @@ struct ArenaRange {
 /// the communicator wants them), `with_full_state<Optimizer>(state, make_full, f)` and
 /// `take_state<Optimizer>(full, mine)` (the optimizer state in the rank-count-independent layout
 /// of a checkpoint, and back; make_full() makes the state of the unpadded arena, `mine` is this
-/// rank's state as made, giving the shape of its part).
+/// rank's state as made, giving the shape of its part); for sharded checkpoints,
+/// `saves_shards()` (each rank saves its own part), `state_pieces<Optimizer>(state)` (this rank's
+/// parts of the state's vectors, placed in that layout), `value_block()` (the parameter values
+/// this rank saves and loads) and `share_values()` (after a load: every rank gets the values it
+/// holds from the others).
 template <class S>
 concept GradientSync = requires(S& s, const S& cs, Context& ctx, bool flag, std::span<float> grads,
                                 profile::Profiler* profiler, backend::Executor* executor) {

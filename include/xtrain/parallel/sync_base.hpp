@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
+#include <vector>
 
 #include "xtrain/backend/executor.hpp"
 #include "xtrain/core/context.hpp"
@@ -43,6 +45,24 @@ class SyncBase {
   typename Optimizer::State take_state(typename Optimizer::State full, typename Optimizer::State) {
     return full;
   }
+
+  /// Every rank holds the whole state: a checkpoint is one file, written by rank 0.
+  bool saves_shards() const noexcept { return false; }
+  /// This rank's parts of the optimizer state's vectors in a checkpoint's layout: whole here.
+  template <class Optimizer>
+  std::vector<StatePiece> state_pieces(typename Optimizer::State& state) {
+    std::vector<StatePiece> pieces;
+    Optimizer::visit_state(state, [&](auto& v) {
+      using T = typename std::remove_cvref_t<decltype(v)>::value_type;
+      static_assert(std::is_trivially_copyable_v<T>);
+      pieces.push_back({reinterpret_cast<std::byte*>(v.data()), 0, v.size(), sizeof(T)});
+    });
+    return pieces;
+  }
+  /// The parameter values this rank loads from a sharded checkpoint: all of them.
+  ArenaRange value_block() const noexcept { return {0, arena_->size()}; }
+  /// Nothing to share after a load: every rank loaded every value.
+  void share_values() {}
 
  protected:
   /// Wires the readiness of every parameter use into `ctx` and starts counting: with `reduce`

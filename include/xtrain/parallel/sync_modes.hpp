@@ -39,6 +39,7 @@ struct SyncChoice {
   std::size_t state_granule = 1;         ///< the optimizer's state blocks (optim::state_granule)
   bool shard_gradients = false;          ///< ShardedSync's stage 2 (implies shard_optimizer)
   bool shard_parameters = false;         ///< ShardedSync's stage 3 (implies shard_gradients)
+  bool prefetch_units = true;            ///< stage 3: gather the next unit while one computes
 
   /// Whether the optimizer step is sharded over `ranks` ranks.
   bool sharded(std::size_t ranks) const noexcept {
@@ -71,7 +72,7 @@ SyncModes<C> make_sync(const SyncChoice& choice, C& comm, ParamArena& arena, mem
                    comm.size(), " ranks (it gives the bits of the unsharded deterministic run with that chunk)");
     }
     return SyncModes<C>(std::in_place_index<2>, comm, arena, choice.bucket_bytes, memory, choice.stage(),
-                        choice.deterministic_chunk > 0);
+                        choice.deterministic_chunk > 0, choice.prefetch_units);
   }
   if (choice.deterministic_chunk)
     return SyncModes<C>(std::in_place_index<1>, comm, arena, choice.bucket_bytes, choice.deterministic_chunk,

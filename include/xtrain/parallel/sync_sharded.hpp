@@ -13,13 +13,15 @@
 ///  - Stage 3 (`zero_stage(3)`): stage 2, and the parameters sharded too (FSDP): a rank keeps its
 ///    block of the parameters; the pages of the rest are given back. Each layers::ShardedUnit of
 ///    the model all-gathers its parameters before its forward and before its backward and gives
-///    them back after (this class is its ParamShards); parameters outside every unit are
+///    them back after (this class is its ParamShards), the next unit's gather in flight meanwhile
+///    where the communicator has iallgather_range (prefetch); parameters outside every unit are
 ///    all-gathered after each step and stay whole. No all-gather of the whole arena.
 /// With the deterministic reduction (one chunk per rank and micro-step), each bucket's blocks are
 /// exchanged (all-to-all) and every rank sums its block's copies in the fixed tree of TreeSync:
 /// the same bits as the unsharded deterministic run with that chunk, on any power-of-two ranks.
-/// Each rank does 1/N of the optimizer's work and holds 1/N of its state; a checkpoint holds the
-/// state gathered into the rank-count-independent layout.
+/// Each rank does 1/N of the optimizer's work and holds 1/N of its state; a checkpoint is each
+/// rank's part in a shard file of its own (checkpoint/sharded.hpp), in a layout every rank count
+/// reads.
 
 #include <algorithm>
 #include <chrono>
@@ -32,6 +34,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "xtrain/backend/executor.hpp"
@@ -65,11 +68,12 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
  public:
   /// The arena's size must be a multiple of shard_multiple(ranks): the blocks are equal and
   /// aligned. `stage`: 1, 2 or 3; `deterministic`: the tree reduction (the engine's micro-step is
-  /// one chunk). Buffers from `memory`. `comm`, `arena` and `memory` must outlive this object.
+  /// one chunk); `prefetch`: stage 3 gathers the next unit while one computes (where the
+  /// communicator has iallgather_range). Buffers from `memory`. `comm`, `arena` and `memory` must outlive this object.
   /// Throws ValueError when stage 3 or the deterministic reduction asks for a collective the
   /// communicator lacks.
   ShardedSync(C& comm, ParamArena& arena, std::size_t bucket_bytes, memory::Resource& memory, int stage = 1,
-              bool deterministic = false)
+              bool deterministic = false, bool prefetch = true)
       : detail::SyncBase<C>(comm, arena, bucket_bytes),
         memory_(&memory),
         block_(arena.size() / comm.size()),
@@ -77,6 +81,7 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
         stage_(stage),
         stage2_(stage >= 2),
         deterministic_(deterministic),
+        prefetch_(prefetch && IGathersRanges<C>),
         sum_(memory::Allocator<float>(&memory)),
         exchange_(memory::Allocator<float>(&memory)) {
     XTRAIN_CHECK(stage >= 1 && stage <= 3, ValueError, "ShardedSync: ZeRO stage ", stage, " (1, 2 or 3)");
@@ -144,6 +149,7 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
   void gather_all() {
     if (stage_ != 3) return;
     if (all_ == 0) {
+      finish_prefetch();
       const auto scope = labels_.scope(3, profile::Category::reduction);
       comm_->allgather_blocks(values_->span(), "parameter all-gather (whole model)");
     }
@@ -158,30 +164,49 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
   /// Stage 3: takes part in a forward this rank does not run (each unit gathered and released, in
   /// the model's order).
   void skip_forward() {
-    for (std::size_t u = 0; u < units_.size(); ++u) {
-      gather(u);
+    for (std::size_t u = 0; u < units_.size(); ++u) {  // (the same gathers and prefetches as the others)
+      gather(u, false);
       release(u);
     }
   }
 
   // ParamShards (stage 3): unit u's parameters gathered while held (counted also while every
-  // parameter is whole, so that a release after release_all() gives them back).
-  void gather(std::size_t u) override {
+  // parameter is whole, so that a release after release_all() gives them back). With prefetch,
+  // the unit that runs next (in forward: u + 1; in backward: u - 1) is gathered without blocking
+  // meanwhile: every rank makes the same calls, so the same collectives start in the same order.
+  void gather(std::size_t u, bool backward) override {
     if (held_.at(u) == 0 && all_ == 0) {
       const auto start = clock::now();
       {
         const auto scope = labels_.scope(3, profile::Category::reduction);
-        if constexpr (GathersRanges<C>)
-          comm_->allgather_range(values_->span(), units_[u].begin, units_[u].end, "parameter unit all-gather");
+        if (inflight_unit_ == u) {
+          comm_->wait(unit_request_);
+          inflight_unit_ = none;
+          ++prefetched_;
+        } else {
+          finish_prefetch();
+          if constexpr (GathersRanges<C>)
+            comm_->allgather_range(values_->span(), units_[u].begin, units_[u].end, "parameter unit all-gather");
+          ++collectives_;
+        }
       }
       gathered_ += std::chrono::duration<double>(clock::now() - start).count();
-      ++collectives_;
+      prefetch_after(u, backward);
     }
     ++held_[u];
   }
   void release(std::size_t u) override {
     if (--held_.at(u) > 0 || all_ > 0) return;
     release_values(units_[u]);
+  }
+  /// Stage 3 with prefetch: completes a gather in flight and gives its unit back (the parameters
+  /// are about to change, or to be gathered whole). Collective (every rank calls it at the same
+  /// point).
+  void finish_prefetch() {
+    if (inflight_unit_ == none) return;
+    comm_->wait(unit_request_);
+    if (held_[inflight_unit_] == 0) release_values(units_[inflight_unit_]);
+    inflight_unit_ = none;
   }
 
   void begin_backward(Context& ctx, bool) {
@@ -215,8 +240,10 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
   }
 
   /// This rank's block of the gradients, summed over ranks: stage 1 reduce-scatters it now,
-  /// stage 2 did during backward.
+  /// stage 2 did during backward. (Completes a unit's gather in flight first: the step writes
+  /// this rank's block, which that gather reads.)
   std::span<float> reduce_for_step() {
+    finish_prefetch();
     if (deterministic_) {  // the window's sums, where the optimizer reads this rank's block
       std::copy(sum_.begin(), sum_.end(), arena_->grads().begin() + static_cast<std::ptrdiff_t>(offset_));
       return arena_->grads().subspan(offset_, block_);
@@ -257,23 +284,46 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
   /// All-gathers the stepped blocks (nothing when the step was skipped; stage 3: only the
   /// parameters outside the units, which gather theirs when they run).
   void after_step(bool stepped) {
+    finish_prefetch();
     if (stepped) {
       const auto start = clock::now();
-      {
-        const auto scope = labels_.scope(1, profile::Category::reduction);
-        if (stage_ < 3 || all_ > 0)  // (every parameter whole: every block)
-          comm_->allgather_blocks(arena_->values(), "parameter all-gather");
-        else if constexpr (GathersRanges<C>)
-          for (const ArenaRange& r : loose_)
-            comm_->allgather_range(values_->span(), r.begin, r.end, "parameter all-gather (outside the units)");
-      }
+      share_values();
       waited_ += std::chrono::duration<double>(clock::now() - start).count();
       ++collectives_;
     }
     buckets_.count_blocking(waited_ + gathered_, collectives_);
+    buckets_.count_prefetched(prefetched_);
     waited_ = gathered_ = 0.0;
-    collectives_ = 0;
+    collectives_ = prefetched_ = 0;
   }
+
+  /// Gives every rank's block of the parameters to every rank (stage 3: of the parameters outside
+  /// the units only; the units gather theirs when they run). Collective.
+  void share_values() {
+    finish_prefetch();
+    const auto scope = labels_.scope(1, profile::Category::reduction);
+    if (stage_ < 3 || all_ > 0)  // (every parameter whole: every block)
+      comm_->allgather_blocks(arena_->values(), "parameter all-gather");
+    else if constexpr (GathersRanges<C>)
+      for (const ArenaRange& r : loose_)
+        comm_->allgather_range(values_->span(), r.begin, r.end, "parameter all-gather (outside the units)");
+  }
+
+  /// Each rank saves its block of the parameters and its part of the optimizer state.
+  bool saves_shards() const noexcept { return true; }
+  /// This rank's parts of the optimizer state's vectors (`mine`), each placed where it starts in
+  /// the checkpoint's layout (the ranks' parts one after the other). Collective.
+  /// (Completes a unit's gather in flight first: a load writes this rank's block.)
+  template <class Optimizer>
+  std::vector<StatePiece> state_pieces(typename Optimizer::State& mine) {
+    finish_prefetch();
+    std::vector<StatePiece> pieces;
+    for (const Part& p : parts_of<Optimizer>(mine))
+      pieces.push_back({p.data, offsets(p)[comm_->rank()], p.count, p.elem});
+    return pieces;
+  }
+  /// The parameter values this rank saves and loads: its block (share_values() after a load).
+  ArenaRange value_block() const noexcept { return owned(); }
 
   /// Calls f(state) with the full optimizer state, gathered from every rank's part: each state
   /// vector of the full state (`make_full()`, the optimizer's state for the unpadded arena) is
@@ -462,8 +512,7 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
       own_values_ = memory::PageBuffer(arena_->size());
       arena_->move_values_to(model, own_values_.span());
     }
-    UnitFinder finder{this, {}};
-    model.visit(finder);
+    visit_units(model, [&](const std::string& name, auto& unit) { add_unit(unit, name); });
     XTRAIN_CHECK(!units_.empty(), ValueError,
                  "zero_stage(3): the model has no layers::ShardedUnit, so no parameter can stay sharded; wrap its "
                  "blocks in ShardedUnit (a GPT's blocks are) or use zero_stage(2)");
@@ -476,24 +525,6 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
     held_.assign(units_.size(), 0);
     for (const ArenaRange& u : units_) release_values(u);
   }
-  // Finds the units (a visitor of the model's modules).
-  struct UnitFinder {
-    ShardedSync* sync;
-    std::string prefix;
-    void param(std::string_view, Param&, ParamKind = ParamKind::weight) {}
-    void buffer(std::string_view, Tensor<float>&, bool = true) {}
-    void buffer(std::string_view, std::int64_t&) {}
-    template <class M>
-    void child(std::string_view name, M& m) {
-      UnitFinder inner{sync, xtrain::detail::join_name(prefix, name)};
-      m.visit(inner);
-    }
-    void id(ModuleId&) {}
-    template <class U>
-    void shard_unit(U& unit) {
-      sync->add_unit(unit, prefix);
-    }
-  };
   // Registers `unit` (named `name`): the arena range of its parameters, which must be its own.
   template <class U>
   void add_unit(U& unit, const std::string& name) {
@@ -522,6 +553,19 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
     units_.push_back(r);
     unit_names_.push_back(name);
   }
+  // Stage 3 with prefetch: after gathering unit u for its forward (backward), starts gathering
+  // u + 1 (u - 1), the unit that runs next in a model that runs its units in order.
+  void prefetch_after(std::size_t u, bool backward) {
+    if constexpr (IGathersRanges<C>) {
+      if (!prefetch_ || inflight_unit_ != none) return;
+      const std::size_t next = backward ? u - 1 : u + 1;  // (0 - 1 wraps past the last unit: none)
+      if (next >= units_.size() || held_[next] > 0) return;
+      unit_request_ = comm_->iallgather_range(values_->span(), units_[next].begin, units_[next].end,
+                                              "parameter unit all-gather (prefetch)");
+      inflight_unit_ = next;
+      ++collectives_;
+    }
+  }
   // Stage 3: gives back the pages of `r` outside this rank's block (zeros read there until the
   // next gather; partial pages at the ends are zeroed instead).
   void release_values(ArenaRange r) noexcept {
@@ -538,7 +582,11 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
   memory::Resource* memory_;
   std::size_t block_, offset_;
   int stage_;
-  bool stage2_, deterministic_;
+  bool stage2_, deterministic_, prefetch_;
+  static constexpr std::size_t none = static_cast<std::size_t>(-1);
+  std::size_t inflight_unit_ = none;  // stage 3: the unit being prefetched
+  std::size_t prefetched_ = 0;        // this step's gathers that found their unit in flight
+  typename C::Request unit_request_{};
   memory::PageBuffer own_grads_, own_values_;  // where the arena is not in pages of its own
   memory::PageBuffer* pages_ = &own_grads_;    // stage 2: the gradients' pages
   memory::PageBuffer* values_ = &own_values_;  // stage 3: the parameters' pages

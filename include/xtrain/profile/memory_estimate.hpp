@@ -100,12 +100,17 @@ struct MemoryOptions {
   std::size_t bucket_bytes = 25u << 20;        ///< gradient bucket size (stage 2 holds one being reduced)
   std::size_t buckets_in_flight = 2;           ///< ZeRO-2/3: buckets reduced while backward goes on (MPI: 2;
                                                ///< ThreadAllReduce reduces each at once: 0)
+  std::size_t units_in_flight = 2;             ///< ZeRO-3: units gathered at a time (MPI with prefetch_units: 2;
+                                               ///< without, or ThreadAllReduce: 1)
   std::size_t eval_batch = 0;                  ///< evaluation batch per rank (0: no evaluation)
   bool shared_memory_reduction = true;         ///< ranks > 1 on one node sum gradients in a shared segment (MPI)
   std::size_t gradient_compression_bytes = 4;  ///< bytes per gradient element sent (2: bf16/fp16 compression)
   /// The loader may gather the next batch in the background (backend::CpuThreads of 2 or more
   /// threads; it does when the step splits no loop): a second training batch is counted.
   bool prefetch = false;
+  /// Threads of the backend (backend::CpuThreads): each holds a workspace of its own (GEMM
+  /// panels and the like), measured on one thread by the dry run and counted this many times.
+  std::size_t threads = 1;
 };
 
 /// One precision's estimate, per rank, in bytes.
@@ -142,29 +147,6 @@ struct MemoryEstimate {
 };
 
 namespace detail {
-/// Finds a model's ZeRO-3 units (layers::ShardedUnit): the floats of their parameters (padded as
-/// in the arena), all and the largest unit's.
-struct UnitSizes {
-  std::size_t total = 0, largest = 0;
-  void param(std::string_view, Param&, ParamKind = ParamKind::weight) {}
-  void buffer(std::string_view, Tensor<float>&, bool = true) {}
-  void buffer(std::string_view, std::int64_t&) {}
-  template <class M>
-  void child(std::string_view, M& m) {
-    m.visit(*this);
-  }
-  void id(ModuleId&) {}
-  template <class U>
-  void shard_unit(U& unit) {
-    std::size_t n = 0;
-    visit_parameters(unit.module(), [&](const std::string&, Param& p, ParamKind) {
-      n += (p.size() + ParamArena::alignment - 1) / ParamArena::alignment * ParamArena::alignment;
-    });
-    total += n;
-    largest = std::max(largest, n);
-  }
-};
-
 inline std::string mib(std::int64_t b) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(b) / (1 << 20));
@@ -285,10 +267,15 @@ DryRun dry_run(const Model& model, const Optimizer& optimizer, std::size_t batch
       dry_run_batch(xe, Shape(dims));
       const std::int64_t input = engine.memory().stats().live - before;
       Context ctx = engine.context(false);
+      const std::int64_t outer = memory::counters().peak, eval0 = memory::counters().live;
+      memory::reset_peak();
       engine.predict(ctx, xe);
-      // The forward buffers' growth past the training batch, plus the evaluation batch's input
-      // (the Trainer evaluates inside fit(): the training loader still holds its batch).
-      r.evaluation = std::max<std::int64_t>(0, engine.memory().stats().live - before - input) + input;
+      const std::int64_t transient = memory::counters().peak - eval0;  // what the forward held at its peak
+      memory::counters().peak = std::max(outer, memory::counters().peak);
+      // The forward buffers' growth past the training batch (or, where more, what the forward held
+      // at once: buffers it frees before it ends), plus the evaluation batch's input (the Trainer
+      // evaluates inside fit(): the training loader still holds its batch).
+      r.evaluation = std::max<std::int64_t>({0, engine.memory().stats().live - before - input, transient}) + input;
     }
   }
   if (r.recompute_allocated > 0) memory::release_parked();  // the copy's parked pages
@@ -354,20 +341,32 @@ MemoryEstimate estimate_memory(const Model& model, const Optimizer& optimizer, s
              zero2 = (options.shard_gradients || zero3) && ranks > 1;
   if (zero1) m.optimizer_bytes = (r.optimizer + ranks - 1) / ranks;
   if (zero2) m.gradient_bytes = (r.gradients + ranks - 1) / ranks;
-  if (zero3) {  // the units' share of this rank, everything outside the units, the largest unit gathered
-    detail::UnitSizes units;
-    const_cast<Model&>(model).visit(units);  // (visit is not const; UnitSizes changes nothing)
-    const auto in_units = static_cast<std::int64_t>(units.total * sizeof(float)),
-               largest = static_cast<std::int64_t>(units.largest * sizeof(float));
-    m.parameter_bytes = (r.parameters - in_units) + (in_units + ranks - 1) / ranks + largest;
+  if (zero3) {  // the units' share of this rank, everything outside the units, the largest unit gathered (twice:
+                // prefetch)
+    std::size_t total = 0, most = 0, count = 0;  // the units' floats (padded as in the arena): all, the largest's
+    visit_units(const_cast<Model&>(model), [&](const std::string&, auto& unit) {  // (visit is not const)
+      ++count;
+      std::size_t n = 0;
+      visit_parameters(unit.module(), [&](const std::string&, Param& p, ParamKind) {
+        n += (p.size() + ParamArena::alignment - 1) / ParamArena::alignment * ParamArena::alignment;
+      });
+      total += n;
+      most = std::max(most, n);
+    });
+    const auto in_units = static_cast<std::int64_t>(total * sizeof(float)),
+               largest = static_cast<std::int64_t>(most * sizeof(float));
+    const auto in_flight =
+        static_cast<std::int64_t>(std::min(count, std::max<std::size_t>(1, options.units_in_flight)));
+    m.parameter_bytes = (r.parameters - in_units) + (in_units + ranks - 1) / ranks + in_flight * largest;
   }
   m.activation_bytes = r.activations - r.recompute_released;
   m.recomputed_bytes = r.recompute_released;
   m.data_bytes = options.prefetch ? 2 * r.data : r.data;
   m.evaluation_bytes = r.evaluation;
   m.modules = r.modules;
-  m.workspace_bytes = std::max<std::int64_t>(
-      0, r.held - (r.parameters + r.gradients + r.optimizer + (r.activations - r.recompute_allocated) + r.data));
+  m.workspace_bytes = static_cast<std::int64_t>(std::max<std::size_t>(1, options.threads)) *
+                      std::max<std::int64_t>(0, r.held - (r.parameters + r.gradients + r.optimizer +
+                                                          (r.activations - r.recompute_allocated) + r.data));
   if (zero2) {
     // ZeRO-2: the largest bucket, written by backward before it is reduce-scattered and given
     // back, and those whose reductions are in flight, less the rank's own share of each (counted

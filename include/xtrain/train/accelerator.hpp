@@ -171,7 +171,8 @@ class Accelerator {
   /// Saves the training state of `engine` to `dir`/state.xtrain, atomically (Accelerate's
   /// save_state): parameters, buffers, optimizer state, schedule, loss scaler, step, data seed,
   /// RNG, and the objects registered with register_for_checkpointing (your epoch and position, for
-  /// example). Collective: every rank calls it, rank 0 writes.
+  /// example). Collective: every rank calls it, rank 0 writes (under zero_stage every rank writes
+  /// its shard too: a filesystem every rank reaches).
   template <class E>
   void save_state(E& engine, const std::string& dir) {
     engine.save_state(dir, checkpoint::Position{}, registered_);

@@ -12,6 +12,7 @@
 /// memory; code it calls but does not own (modules, through Context::memory; the loss; the
 /// optimizer's state) allocates there too, whichever thread calls the engine.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -23,6 +24,7 @@
 
 #include "xtrain/backend/cpu.hpp"
 #include "xtrain/checkpoint/collective.hpp"
+#include "xtrain/checkpoint/sharded.hpp"
 #include "xtrain/core/concepts.hpp"
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/module.hpp"
@@ -199,8 +201,10 @@ class Engine {
   }
 
   /// Saves the training state to `dir`/state.xtrain atomically: parameters, rank 0's buffers, the
-  /// optimizer state (gathered when sharded), schedule, loss scaler, step, data seed, the
-  /// `objects`, and the caller's part of `position` (epoch, samples, metric sums). Collective.
+  /// optimizer state, schedule, loss scaler, step, data seed, the `objects`, and the caller's part
+  /// of `position` (epoch, samples, metric sums). Sharded (ZeRO on several ranks), each rank writes
+  /// its block of the parameters and its part of the optimizer state to a shard file beside it
+  /// (checkpoint/sharded.hpp): nothing is gathered. Collective.
   void save_state(const std::string& dir, checkpoint::Position position,
                   const std::vector<checkpoint::Registered>& objects) {
     XTRAIN_CHECK(!in_accumulation_window(), ValueError,
@@ -209,13 +213,33 @@ class Engine {
     position.step = step_;
     position.data_seed = options_.seed();
     position.record(loss_scaler(), uses_loss_scaling, groups_.scales(), arena_);
-    with_full_parameters([&] { save_full_state(dir, position, objects); });
+    if (with_sync([](const auto& s) { return s.saves_shards(); })) {
+      const std::vector<parallel::StatePiece> pieces = state_pieces();
+      in_memory([&] {
+        checkpoint::save_sharded_training_state(comm_, dir, model_, arena_, optimizer_, pieces, options_.schedule(),
+                                                position, objects);
+      });
+    } else {
+      with_full_parameters([&] { save_full_state(dir, position, objects); });
+    }
   }
 
-  /// Restores what save_state saved (on any number of ranks); returns the position for the
-  /// caller's part (epoch, samples). Collective.
+  /// Restores what save_state saved (on any number of ranks, sharded or not); returns the position
+  /// for the caller's part (epoch, samples). Collective.
   checkpoint::Position load_state(const std::string& dir, const std::vector<checkpoint::Registered>& objects) {
-    return with_full_parameters([&] { return load_full_state(dir, objects); });
+    const checkpoint::StateFile file = checkpoint::read_training_state(comm_, dir);
+    if (file.shards.count == 0) return with_full_parameters([&] { return load_full_state(file, objects); });
+    // Sharded: the shards this rank needs are checked before anything is restored, then read.
+    const std::vector<parallel::StatePiece> pieces = state_pieces();
+    checkpoint::check_shards(comm_, dir, file.shards, pieces);
+    typename Optimizer::State none;  // (the state is in the shards)
+    optim::LrSchedule schedule = options_.schedule();
+    checkpoint::Position p = in_memory([&] {
+      return checkpoint::load_training_state<Model, Optimizer>(file, model_, arena_, none, schedule, objects);
+    });
+    checkpoint::load_shards(comm_, dir, file.shards, pieces);
+    with_sync([](auto& s) { s.share_values(); });
+    return restored(p, schedule, file.path);
   }
 
   /// Restores the step count, the seed of data order and dropout, and the schedule (resume).
@@ -360,6 +384,43 @@ class Engine {
       throw;
     }
   }
+  /// Calls f(values), where values(entry) is a parameter's values (a span of floats) on this rank,
+  /// to read the parameters one by one in arena order without holding the whole model: under
+  /// zero_stage(3) the unit holding each parameter is gathered when it is first asked for and
+  /// given back at the next unit (one unit at a time). Collective: every rank asks for the same
+  /// parameters in the same order (safetensors export does).
+  template <class F>
+  void with_parameters_by_unit(F&& f) {
+    with_sync([&](auto& s) {
+      if constexpr (requires { s.units(); }) {
+        if (s.shards_parameters()) {
+          const std::vector<parallel::ArenaRange>& units = s.units();
+          std::size_t held = units.size();  // none
+          const auto values = [&](const ParamEntry& e) {
+            const auto u = static_cast<std::size_t>(
+                std::find_if(units.begin(), units.end(), [&](const auto& r) { return e.offset < r.end; }) -
+                units.begin());
+            const std::size_t in = u < units.size() && e.offset >= units[u].begin ? u : units.size();
+            if (in != held) {
+              if (held < units.size()) s.release(held);
+              if (in < units.size()) s.gather(in, false);
+              held = in;
+            }
+            return std::span<const float>(arena_.values(e));
+          };
+          try {
+            f(values);
+          } catch (...) {
+            if (held < units.size()) s.release(held);
+            throw;
+          }
+          if (held < units.size()) s.release(held);
+          return;
+        }
+      }
+      f([&](const ParamEntry& e) { return std::span<const float>(arena_.values(e)); });
+    });
+  }
 
  private:
   enum Event : std::size_t { loss_event, optimizer_event, zero_grad_event };
@@ -378,17 +439,33 @@ class Engine {
     });
   }
 
-  checkpoint::Position load_full_state(const std::string& dir, const std::vector<checkpoint::Registered>& objects) {
+  checkpoint::Position load_full_state(const checkpoint::StateFile& file,
+                                       const std::vector<checkpoint::Registered>& objects) {
     optim::LrSchedule schedule = options_.schedule();
     typename Optimizer::State full;
     checkpoint::Position p = in_memory([&] {
-      return checkpoint::load_training_state<Model, Optimizer>(comm_, dir, model_, arena_, full, schedule, objects);
+      return checkpoint::load_training_state<Model, Optimizer>(file, model_, arena_, full, schedule, objects);
     });
     state_ = with_sync([&](auto& s) { return s.template take_state<Optimizer>(std::move(full), std::move(state_)); });
-    groups_.restore(arena_, p.groups, p.param_group, dir + "/" + checkpoint::state_file_name);
+    return restored(p, schedule, file.path);
+  }
+  // What a load restores besides the parameters and the optimizer state.
+  checkpoint::Position restored(checkpoint::Position& p, const optim::LrSchedule& schedule, const std::string& path) {
+    groups_.restore(arena_, p.groups, p.param_group, path);
     p.restore(loss_scaler(), uses_loss_scaling, options_.loss_scale());
     restore(p.step, p.data_seed, schedule);
     return p;
+  }
+  // What this rank saves in and loads from a sharded checkpoint: its block of the parameter values
+  // (placed at its arena offset), then its parts of the optimizer state's vectors. Collective.
+  std::vector<parallel::StatePiece> state_pieces() {
+    return with_sync([&](auto& s) {
+      const parallel::ArenaRange block = s.value_block();
+      std::vector<parallel::StatePiece> pieces{{reinterpret_cast<std::byte*>(arena_.values().data() + block.begin),
+                                                block.begin, block.size(), sizeof(float)}};
+      for (const parallel::StatePiece& p : s.template state_pieces<Optimizer>(state_)) pieces.push_back(p);
+      return pieces;
+    });
   }
 
   static std::size_t global_batch(const TrainingOptions& o, std::size_t ranks) noexcept {
@@ -402,7 +479,7 @@ class Engine {
   parallel::SyncChoice sync_choice() const {
     return {options_.bucket_bytes(),    options_.deterministic(),          global_batch(),
             options_.shard_optimizer(), optim::state_granule<Optimizer>(), options_.zero_stage() >= 2,
-            options_.zero_stage() >= 3};
+            options_.zero_stage() >= 3, options_.prefetch_units()};
   }
   parallel::ArenaRange owned() const {
     return with_sync([](const auto& s) { return s.owned(); });

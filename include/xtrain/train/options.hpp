@@ -142,6 +142,14 @@ class TrainingOptions {
     zero_stage_ = stage;
     return *this;
   }
+  /// zero_stage(3): while a unit computes, gather the next one (FSDP's forward and backward
+  /// prefetch: the next unit in the model's order in forward, the previous one in backward), where
+  /// the communicator gathers without blocking (MpiAllReduce). Holds two units' parameters at a
+  /// time instead of one. Default true. All.
+  TrainingOptions& prefetch_units(bool v) {
+    prefetch_units_ = v;
+    return *this;
+  }
   /// Folder of automatically named checkpoints: project_dir/checkpoints/checkpoint_N
   /// (Accelerate's ProjectConfiguration). Default "" (save_checkpoint() then refuses). Trainer.
   TrainingOptions& project_dir(std::string dir) {
@@ -203,6 +211,7 @@ class TrainingOptions {
   const std::string& project_dir() const noexcept { return project_dir_; }
   bool shard_optimizer() const noexcept { return zero_stage_ >= 1; }
   int zero_stage() const noexcept { return zero_stage_; }
+  bool prefetch_units() const noexcept { return prefetch_units_; }
   std::size_t total_limit() const noexcept { return total_limit_; }
   float loss_scale() const noexcept { return loss_scale_; }
   std::uint64_t loss_scale_growth_interval() const noexcept { return loss_scale_growth_interval_; }
@@ -214,6 +223,7 @@ class TrainingOptions {
   std::size_t global_batch_size_ = 0, accumulate_ = 1, bucket_bytes_ = 25u << 20, deterministic_chunk_ = 0;
   bool scale_lr_ = false;
   int zero_stage_ = 0;
+  bool prefetch_units_ = true;
   std::string project_dir_;
   std::size_t total_limit_ = 0, threads_ = 0;
   double clip_norm_ = 0.0;

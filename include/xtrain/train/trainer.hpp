@@ -227,7 +227,9 @@ class Trainer {
   }
 
   /// Saves the whole training state to `dir`/state.xtrain (atomically). Collective: every rank
-  /// calls it; rank 0 writes. Rank 0's BatchNorm statistics are saved (broadcast first).
+  /// calls it; rank 0 writes (under zero_stage, every rank also writes its shard of the parameters
+  /// and optimizer state beside it: `dir` must be on a filesystem every rank reaches). Rank 0's
+  /// BatchNorm statistics are saved (broadcast first).
   void save_state(const std::string& dir) {
     checkpoint::Position p;
     p.epoch = epoch_;
@@ -283,13 +285,15 @@ class Trainer {
 
   /// Exports the model (parameters and buffers, rank 0's BatchNorm statistics) as safetensors
   /// with PyTorch's state_dict names; shards when larger than max_shard_bytes (0: never).
-  /// Collective: rank 0 writes. Returns the files written (on rank 0).
+  /// Collective: rank 0 writes, streaming; under zero_stage(3) the units are gathered one at a
+  /// time as their tensors are written (never the whole model on a rank). Returns the files.
   std::vector<std::string> save_model(const std::string& path, std::uint64_t max_shard_bytes = 0) {
     engine_.broadcast_buffers();
     std::vector<std::string> files;
-    engine_.with_full_parameters([&] {
-      checkpoint::on_main_rank(communicator(), "save_model status",
-                               [&] { files = checkpoint::save_model(model(), params(), path, max_shard_bytes); });
+    checkpoint::on_every_rank(communicator(), "save_model", [&] {
+      engine_.with_parameters_by_unit([&](auto&& values) {
+        files = checkpoint::save_model(model(), params(), path, max_shard_bytes, values, communicator().rank() == 0);
+      });
     });
     return files;
   }
@@ -331,6 +335,14 @@ class Trainer {
   template <class F>
   decltype(auto) with_full_parameters(F&& f) {
     return engine_.with_full_parameters(std::forward<F>(f));
+  }
+  /// Calls f(values), where values(entry) gives a parameter's values (std::span<const float>), to
+  /// read the parameters one by one in arena order (params().entries()) without the whole model on
+  /// a rank: under zero_stage(3) each unit is gathered when first asked for and given back at the
+  /// next. Collective: every rank asks for the same entries in the same order. save_model uses it.
+  template <class F>
+  void with_parameters_by_unit(F&& f) {
+    engine_.with_parameters_by_unit(std::forward<F>(f));
   }
   /// Bytes of parameter memory this rank holds now (zero_stage(3): its pages in use).
   std::size_t parameter_bytes() const { return engine_.parameter_bytes(); }

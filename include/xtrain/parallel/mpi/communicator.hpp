@@ -230,6 +230,18 @@ class MpiAllReduce {
     MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, v.data() + lo, range_counts_.data(), range_displs_.data(),
                    MPI_FLOAT, comm_);
   }
+  /// Starts allgather_range (MPI_Iallgatherv, in place): once the request completes, [lo, hi)
+  /// holds every rank's part; it must not be touched meanwhile. ZeRO-3 prefetches a unit so.
+  Request iallgather_range(std::span<float> v, std::size_t lo, std::size_t hi, const char* what) {
+    check("allgather_range(float)", what, hi - lo);
+    range_parts(v.size(), lo, hi);
+    auto parts = std::make_shared<std::vector<int>>(range_counts_);  // counts, then displacements
+    parts->insert(parts->end(), range_displs_.begin(), range_displs_.end());
+    Request r{MPI_REQUEST_NULL, what, hi - lo, parts};
+    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, v.data() + lo, parts->data(), parts->data() + size_, MPI_FLOAT,
+                    comm_, &r.handle);
+    return r;
+  }
   /// Each rank's values of [lo, hi) that fall in this rank's block, rank by rank into `out`
   /// (size() x that many; an all-to-all): the deterministic reduce-scatter sums them in a fixed tree.
   void exchange_range(std::span<const float> v, std::size_t lo, std::size_t hi, std::span<float> out,
