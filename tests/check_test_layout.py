@@ -53,6 +53,8 @@ COVERED_ELSEWHERE = {
     "parallel/mpi/environment.hpp": (["parallel/test_mpi.cpp", "mpi_probe.cpp"], "under mpiexec"),
     "parallel/mpi/launch.hpp": (["parallel/test_mpi.cpp"], "under mpiexec"),
     "parallel/mpi/node_reducer.hpp": (["parallel/test_mpi.cpp"], "under mpiexec"),
+    "parallel/sharded_state.hpp": (["parallel/test_sync_sharded.cpp", "parallel/test_mpi.cpp"],
+                                   "ZeRO checkpoints saved on N ranks, resumed on others"),
     "parallel/shared_memory.hpp": (["parallel/test_mpi.cpp"], "the node segment, between processes"),
     "parallel/single_process.hpp": (["train/test_trainer.cpp"], "every one-process training"),
     "parallel/sync_allreduce.hpp": (["parallel/test_buckets.cpp", "parallel/test_data_parallel.cpp",

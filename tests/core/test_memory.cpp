@@ -365,3 +365,35 @@ TEST_CASE("PageBuffer: a released range reads as zeros and gives its whole pages
   REQUIRE(moved.span()[200] == 2.0f);
   REQUIRE(b.size() == 0);  // NOLINT(bugprone-use-after-move): a moved-from buffer is empty
 }
+
+TEST_CASE("PageBuffer: discard gives back the whole grains of a range and leaves its ends", "[memory][zero]") {
+  // Large enough for huge pages where the system gives them (ZeRO-2's gradients): a bucket's
+  // ends are left whole, not split into small pages.
+  const std::size_t huge = memory::huge_page_size(), page = memory::page_size();
+  const std::size_t n = (huge > 0 && huge <= (std::size_t{32} << 20) ? huge : std::size_t{1} << 16) * 5 / sizeof(float);
+  memory::PageBuffer b(n);
+  std::span<float> s = b.span();
+  const std::size_t grain = b.grain(), floats = grain / sizeof(float);
+  REQUIRE((grain == page || grain == huge));
+  std::fill(s.begin(), s.end(), 1.0f);
+  const std::size_t before = b.resident_bytes();
+  const std::size_t begin = floats / 2, end = 3 * floats + floats / 4;  // whole grains: [1, 3)
+  b.discard(begin, end);
+#if defined(__linux__)
+  REQUIRE(reinterpret_cast<std::uintptr_t>(s.data()) % grain == 0);
+  REQUIRE(b.resident_bytes() == before - 2 * grain);  // (counted before a read maps the zero page)
+#endif
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+#if defined(__linux__)
+    const bool given_back = i >= floats && i < 3 * floats;
+#else
+    const bool given_back = false;  // (nothing is given back off Linux)
+#endif
+    wrong += s[i] != (given_back ? 0.0f : 1.0f) ? 1 : 0;
+  }
+  REQUIRE(wrong == 0);
+  b.release(begin, end);  // the ends too
+  for (std::size_t i = 0; i < n; ++i) wrong += s[i] != (i >= begin && i < end ? 0.0f : 1.0f) ? 1 : 0;
+  REQUIRE(wrong == 0);
+}

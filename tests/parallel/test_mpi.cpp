@@ -379,6 +379,37 @@ TEST_CASE("MPI: training with gradients in shared memory equals training over MP
   require_same_on_every_rank(shared);
 }
 
+TEST_CASE("MPI: a range's reduce-scatter leaves each rank the sums of its part, through shared memory and over MPI",
+          "[mpi][zero]") {
+  for (const bool shared : {true, false}) {
+    MpiAllReduce comm = with_shared_memory(shared);
+    // Blocks longer than a scratch chunk of the segment (it takes several), a range that starts
+    // inside rank 0's block and ends inside the last rank's.
+    const std::size_t ranks = comm.size(), rank = comm.rank(), block = 300000, n = ranks * block, lo = 5, hi = n - 3;
+    auto value = [](std::size_t r, std::size_t i) { return static_cast<float>(1000 * r + i % 997); };  // exact sums
+    const std::size_t b = std::clamp(rank * block, lo, hi), e = std::clamp((rank + 1) * block, lo, hi);
+    for (const bool blocking : {true, false}) {
+      INFO((shared ? "shared memory, " : "MPI, ") << (blocking ? "blocking" : "non-blocking"));
+      std::vector<float> v(n);
+      for (std::size_t i = 0; i < n; ++i) v[i] = value(rank, i);
+      if (blocking) {
+        comm.reduce_scatter_range(v, lo, hi, "reduce_scatter_range test");
+      } else {
+        auto request = comm.ireduce_scatter_range(v, lo, hi, "ireduce_scatter_range test");
+        comm.wait(request);
+      }
+      std::size_t wrong = 0;
+      for (std::size_t i = b; i < e; ++i) {
+        float sum = 0.0f;
+        for (std::size_t r = 0; r < ranks; ++r) sum += value(r, i);
+        wrong += v[i] != sum ? 1 : 0;
+      }
+      for (std::size_t i = 0; i < n; ++i) wrong += (i < lo || i >= hi) && v[i] != value(rank, i) ? 1 : 0;  // untouched
+      REQUIRE(wrong == 0);
+    }
+  }
+}
+
 TEST_CASE("MPI: the sharded step through shared memory equals the unsharded one", "[mpi]") {
   const auto plain = train_with(with_shared_memory(true), TrainingOptions{}, true);
   SECTION("one node: parameters all-gathered in place from the peers' slots") {

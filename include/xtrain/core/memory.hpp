@@ -19,10 +19,12 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <new>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -274,6 +276,32 @@ inline std::size_t page_size() noexcept {
 #endif
 }
 
+/// The size of a transparent huge page where the system gives them on request (Linux: 2 MiB on
+/// x86-64, read from /sys/kernel/mm/transparent_hugepage/hpage_pmd_size; 0 where `enabled` there
+/// says `[never]`), else 0.
+inline std::size_t huge_page_size() noexcept {
+#if defined(__linux__)
+  static const std::size_t size = [] {
+    std::size_t n = 0;
+    char mode[128] = {};
+    if (std::FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r")) {
+      if (std::fgets(mode, sizeof mode, f) == nullptr) mode[0] = '\0';
+      std::fclose(f);
+    }
+    if (std::string_view(mode).find("[never]") != std::string_view::npos) return n;
+    if (std::FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "r")) {
+      unsigned long long v = 0;
+      if (std::fscanf(f, "%llu", &v) == 1) n = static_cast<std::size_t>(v);
+      std::fclose(f);
+    }
+    return n % page_size() == 0 ? n : 0;
+  }();
+  return size;
+#else
+  return 0;
+#endif
+}
+
 /// Floats in pages of their own, zero at first, whose ranges can be given back to the system:
 /// `release(begin, end)` zeroes them, and on Linux (an anonymous mapping, MADV_DONTNEED) the whole
 /// pages inside take no memory until written again. What ZeRO-2 keeps its gradients in: backward
@@ -286,6 +314,19 @@ class PageBuffer {
   explicit PageBuffer(std::size_t n) : size_(n), bytes_(round_up(n * sizeof(float))) {
     if (n == 0) return;
 #if defined(__linux__)
+    const std::size_t huge = huge_page_size();
+    if (huge > 0 && bytes_ >= 4 * huge) {  // (mapped with a huge page's slack, trimmed to its alignment)
+      bytes_ = (bytes_ + huge - 1) / huge * huge;
+      void* p = ::mmap(nullptr, bytes_ + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) throw std::bad_alloc();
+      auto* raw = static_cast<std::byte*>(p);
+      const auto skip = (huge - reinterpret_cast<std::uintptr_t>(raw) % huge) % huge;
+      if (skip > 0) ::munmap(raw, skip);
+      if (huge - skip > 0) ::munmap(raw + skip + bytes_, huge - skip);
+      data_ = reinterpret_cast<float*>(raw + skip);
+      huge_ = ::madvise(data_, bytes_, MADV_HUGEPAGE) == 0;
+      return;
+    }
     void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
     data_ = static_cast<float*>(p);
@@ -322,17 +363,37 @@ class PageBuffer {
     auto* hi = reinterpret_cast<std::byte*>(data_ + end);
 #if defined(__linux__)
     auto* base = reinterpret_cast<std::byte*>(data_);
-    const std::size_t page = page_size(), from = begin * sizeof(float), to = end * sizeof(float);
+    const std::size_t page = page_size(), from = begin * sizeof(float), to = tail(end);
     std::byte* first = base + (from + page - 1) / page * page;  // whole pages: [first, last)
     std::byte* last = base + to / page * page;
     if (first < last && ::madvise(first, static_cast<std::size_t>(last - first), MADV_DONTNEED) == 0) {
-      std::fill(lo, first, std::byte{0});
-      std::fill(last, hi, std::byte{0});
+      std::fill(lo, std::min(first, hi), std::byte{0});
+      if (last < hi) std::fill(last, hi, std::byte{0});
       return;
     }
 #endif
     std::fill(lo, hi, std::byte{0});
   }
+
+  /// The values [begin, end) (clamped to size()) are no longer needed: the whole grains among them
+  /// (huge pages where the buffer has them, else pages) are given back and read zero; the rest keep
+  /// what they hold. Faster than release() where a later release() covers the range: a huge page
+  /// at either end is not split into small ones (whose faults cost more).
+  void discard(std::size_t begin, std::size_t end) noexcept {
+#if defined(__linux__)
+    end = std::min(end, size_);
+    if (begin >= end) return;
+    const std::size_t grain = this->grain(), from = begin * sizeof(float), to = tail(end),
+                      first = (from + grain - 1) / grain * grain, last = to / grain * grain;
+    if (first < last) ::madvise(reinterpret_cast<std::byte*>(data_) + first, last - first, MADV_DONTNEED);
+#else
+    (void)begin, (void)end;
+#endif
+  }
+
+  /// What discard() gives back whole: a huge page where the buffer asked for them (Linux, at
+  /// least four huge pages long: then its data also starts on one), else a page.
+  std::size_t grain() const noexcept { return huge_ ? huge_page_size() : page_size(); }
 
   /// Bytes of the buffer backed by memory now (Linux: mincore, which also counts released pages
   /// that were read since, mapped to the system's zero page; elsewhere all of it).
@@ -351,6 +412,9 @@ class PageBuffer {
   }
 
  private:
+  // The byte where the elements [..., end) end; with the last element, the buffer's end (a
+  // huge page's rest past size() is given back with it).
+  std::size_t tail(std::size_t end) const noexcept { return end == size_ ? bytes_ : end * sizeof(float); }
   static std::size_t round_up(std::size_t bytes) noexcept {
     const std::size_t page = page_size();
     return (bytes + page - 1) / page * page;
@@ -359,10 +423,12 @@ class PageBuffer {
     std::swap(data_, o.data_);
     std::swap(size_, o.size_);
     std::swap(bytes_, o.bytes_);
+    std::swap(huge_, o.huge_);
   }
 
   float* data_ = nullptr;
   std::size_t size_ = 0, bytes_ = 0;
+  bool huge_ = false;  // transparent huge pages asked for
 };
 
 }  // namespace xtrain::memory

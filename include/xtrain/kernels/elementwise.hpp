@@ -7,6 +7,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "xtrain/kernels/convert.hpp"
@@ -217,7 +218,8 @@ B load16(const fp16* p) noexcept {
 template <class B>
 void store16(bf16* p, const B& v) noexcept {
 #if XTRAIN_HAS_AVX512_BF16  // one instruction; unlike round_bf16 it flushes |v| < 2^-126 to zero
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+  const __m256bh r = _mm512_cvtneps_pbh(v);
+  std::memcpy(p, &r, sizeof r);  // (one store; nvcc's front end rejects a cast of __m256bh to __m256i)
 #else
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), round_bf16(static_cast<__m512>(v)));
 #endif

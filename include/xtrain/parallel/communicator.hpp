@@ -64,8 +64,7 @@ concept ReduceScattersRanges = requires(C& c, std::span<float> f, std::size_t i)
 
 /// Optional: a non-blocking reduce_scatter_range: `ireduce_scatter_range(buffer, lo, hi, name)`
 /// returns a Request (poll with test(), complete with wait()); once complete, this rank's
-/// elements of [lo, hi) hold their sums starting at `lo` (as MPI_Reduce_scatter leaves them in
-/// place: the caller moves them where they belong). ZeRO-2 overlaps its buckets' reductions with
+/// elements of [lo, hi) hold their sums in place. ZeRO-2 overlaps its buckets' reductions with
 /// backward through it.
 template <class C>
 concept IReduceScattersRanges = requires(C& c, std::span<float> f, std::size_t i) {

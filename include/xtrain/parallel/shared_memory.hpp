@@ -169,6 +169,23 @@ class NodeSums {
     return true;
   }
 
+  /// Of the elements [lo, hi) of `v`, those in block `local` (equal blocks of `b` elements) become
+  /// the sum over the node's ranks, in rank order; the others are left as they were. Through the
+  /// scratch slots, a chunk at a time (ZeRO-2's gradient buckets).
+  void reduce_scatter_range(std::span<float> v, std::size_t lo, std::size_t hi, std::size_t b, Call call) {
+    call_ = call;
+    count_ = hi - lo;
+    const std::size_t chunk = layout_.chunk, mine = local_ * b, end = mine + b;
+    for (std::size_t off = lo; off < hi; off += chunk) {
+      const std::size_t m = std::min(chunk, hi - off);
+      float* set = next_scratch_set();
+      std::memcpy(set + local_ * chunk, v.data() + off, m * sizeof(float));
+      arrive_and_wait();  // alternate sets: the next chunk's copy-in cannot meet this one's readers
+      const std::size_t a = std::clamp(mine, off, off + m), e = std::clamp(end, off, off + m);
+      if (e > a) sum_block(set, chunk, a - off, e - off, v.data() + a);
+    }
+  }
+
   /// Every rank's block `local` (equal blocks; size a multiple of ranks) of `v` copied into
   /// every rank's `v`: read in place from the peers' parameter slots when `v` is in this rank's
   /// (every rank passes the same offset), else through the scratch slots.

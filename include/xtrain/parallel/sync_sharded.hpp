@@ -8,8 +8,8 @@
 ///  - Stage 2 (`zero_stage(2)`): each gradient bucket is reduce-scattered as soon as backward
 ///    completes it (without blocking backward where the communicator has ireduce_scatter_range:
 ///    up to two in flight), and a rank keeps only its block of the gradients: the rest of the
-///    bucket's pages are given back (memory::PageBuffer), so gradients take 1/N of the memory,
-///    plus the buckets backward is writing or reducing.
+///    bucket's pages are given back (memory::PageBuffer, on huge pages where large), so gradients
+///    take 1/N of the memory, plus the buckets backward is writing or reducing.
 ///  - Stage 3 (`zero_stage(3)`): stage 2, and the parameters sharded too (FSDP): a rank keeps its
 ///    block of the parameters; the pages of the rest are given back. Each layers::ShardedUnit of
 ///    the model all-gathers its parameters before its forward and before its backward and gives
@@ -33,7 +33,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -49,6 +48,7 @@
 #include "xtrain/parallel/buckets.hpp"
 #include "xtrain/parallel/communicator.hpp"
 #include "xtrain/parallel/gradient_sync.hpp"
+#include "xtrain/parallel/sharded_state.hpp"
 #include "xtrain/parallel/sync_base.hpp"
 
 namespace xtrain::parallel {
@@ -75,7 +75,6 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
   ShardedSync(C& comm, ParamArena& arena, std::size_t bucket_bytes, memory::Resource& memory, int stage = 1,
               bool deterministic = false, bool prefetch = true)
       : detail::SyncBase<C>(comm, arena, bucket_bytes),
-        memory_(&memory),
         block_(arena.size() / comm.size()),
         offset_(comm.rank() * block_),
         stage_(stage),
@@ -83,7 +82,8 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
         deterministic_(deterministic),
         prefetch_(prefetch && IGathersRanges<C>),
         sum_(memory::Allocator<float>(&memory)),
-        exchange_(memory::Allocator<float>(&memory)) {
+        exchange_(memory::Allocator<float>(&memory)),
+        state_(comm, memory) {
     XTRAIN_CHECK(stage >= 1 && stage <= 3, ValueError, "ShardedSync: ZeRO stage ", stage, " (1, 2 or 3)");
     XTRAIN_CHECK(GathersRanges<C> || (stage < 3 && !deterministic), ValueError,
                  stage == 3 ? "zero_stage(3)" : "zero_stage with the deterministic reduction",
@@ -211,6 +211,7 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
 
   void begin_backward(Context& ctx, bool) {
     this->watch(ctx, false);  // readiness counted; stage 1 reduces in the step
+    done_lo_ = done_hi_ = 0;
     if (stage2_) {
       ctx.grads_ready = &ShardedSync::on_ready;  // stages 2 and 3: each bucket as it completes
       ctx.grads_ready_user = this;
@@ -220,6 +221,7 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
   void end_backward(bool) {
     while (!inflight_.empty()) finish_oldest();
     buckets_.check_complete();
+    if (stage2_ && !deterministic_) release_others(0, arena_->size());  // (the buckets' ends discarded only)
   }
   /// Stage 1 with the deterministic reduction: the micro-step's gradients summed now.
   void end_micro_step(bool) {
@@ -317,10 +319,7 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
   template <class Optimizer>
   std::vector<StatePiece> state_pieces(typename Optimizer::State& mine) {
     finish_prefetch();
-    std::vector<StatePiece> pieces;
-    for (const Part& p : parts_of<Optimizer>(mine))
-      pieces.push_back({p.data, offsets(p)[comm_->rank()], p.count, p.elem});
-    return pieces;
+    return state_.template pieces<Optimizer>(mine);
   }
   /// The parameter values this rank saves and loads: its block (share_values() after a load).
   ArenaRange value_block() const noexcept { return owned(); }
@@ -330,83 +329,18 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
   /// the ranks' vectors one after the other, cut to its length. Collective.
   template <class Optimizer, class MakeFull, class F>
   void with_full_state(typename Optimizer::State& mine, MakeFull&& make_full, F&& f) {
-    const memory::Use use(*memory_);  // the state's copy and the buffers
-    typename Optimizer::State full = make_full();
-    const std::vector<Part> parts = parts_of<Optimizer>(mine), wholes = parts_of<Optimizer>(full);
-    for (std::size_t i = 0; i < parts.size(); ++i) gather(parts[i], wholes[i]);
-    f(full);
+    state_.template with_full<Optimizer>(mine, std::forward<MakeFull>(make_full), std::forward<F>(f));
   }
-
   /// The state this rank keeps (shaped as `mine`: the optimizer's state for its block), cut from
   /// a full state in a checkpoint's layout (zeros where it is shorter). Collective.
   template <class Optimizer>
   typename Optimizer::State take_state(typename Optimizer::State full, typename Optimizer::State mine) {
-    const std::vector<Part> parts = parts_of<Optimizer>(mine), wholes = parts_of<Optimizer>(full);
-    for (std::size_t i = 0; i < parts.size(); ++i) {
-      const Part& p = parts[i];
-      const std::size_t bytes = p.count * p.elem, from = offsets(p)[comm_->rank()] * p.elem,
-                        whole = wholes[i].count * p.elem, n = from < whole ? std::min(bytes, whole - from) : 0;
-      if (n) std::memcpy(p.data, wholes[i].data + from, n);
-      if (bytes > n) std::memset(p.data + n, 0, bytes - n);  // (an empty vector's data() may be null)
-    }
-    return mine;
+    return state_.template take<Optimizer>(std::move(full), std::move(mine));
   }
 
   void set_profiler(profile::Profiler* p) { labels_.attach(p); }
 
  private:
-  // A state vector as bytes: its elements, their count and size, whether they are floats.
-  struct Part {
-    std::byte* data;
-    std::size_t count, elem;
-    bool floats;
-  };
-  template <class Optimizer>
-  static std::vector<Part> parts_of(typename Optimizer::State& s) {
-    std::vector<Part> parts;
-    Optimizer::visit_state(s, [&](auto& v) {
-      using T = typename std::remove_cvref_t<decltype(v)>::value_type;
-      static_assert(std::is_trivially_copyable_v<T>);
-      parts.push_back({reinterpret_cast<std::byte*>(v.data()), v.size(), sizeof(T), std::is_same_v<T, float>});
-    });
-    return parts;
-  }
-  // Where each rank's part starts in the full vector (in elements), the total last.
-  std::vector<std::size_t> offsets(const Part& p) {
-    std::vector<double> counts(comm_->size(), 0.0);
-    counts[comm_->rank()] = static_cast<double>(p.count);
-    comm_->allreduce_sum(std::span<double>(counts), "optimizer state sizes");
-    std::vector<std::size_t> at(counts.size() + 1, 0);
-    for (std::size_t r = 0; r < counts.size(); ++r) at[r + 1] = at[r] + static_cast<std::size_t>(counts[r]);
-    return at;
-  }
-  // Fills `whole` with the ranks' parts in rank order: equal parts are all-gathered as raw bits
-  // (allgather_blocks copies), unequal ones (fp32 only) summed into zeros.
-  void gather(const Part& mine, const Part& whole) {
-    const std::vector<std::size_t> at = offsets(mine);
-    const std::size_t ranks = comm_->size(), total = at.back() * mine.elem, want = whole.count * mine.elem;
-    bool equal = true;
-    for (std::size_t r = 0; r < ranks; ++r) equal = equal && at[r + 1] - at[r] == mine.count;
-    if (equal) {
-      const std::size_t bytes = mine.count * mine.elem, floats = (bytes + sizeof(float) - 1) / sizeof(float);
-      AlignedVector buffer(floats * ranks, 0.0f, memory::Allocator<float>(memory_));
-      auto* b = reinterpret_cast<std::byte*>(buffer.data());
-      if (bytes) std::memcpy(b + comm_->rank() * floats * sizeof(float), mine.data, bytes);
-      comm_->allgather_blocks(buffer, "gather optimizer state");
-      for (std::size_t r = 0, done = 0; bytes && r < ranks && done < want; ++r, done += bytes)
-        std::memcpy(whole.data + done, b + r * floats * sizeof(float), std::min(bytes, want - done));
-    } else {
-      XTRAIN_CHECK(mine.floats, ValueError,
-                   "ShardedSync: optimizer state vectors of other than float must have "
-                   "the same length on every rank");
-      AlignedVector buffer(at.back(), 0.0f, memory::Allocator<float>(memory_));
-      if (mine.count) std::memcpy(buffer.data() + at[comm_->rank()], mine.data, mine.count * sizeof(float));
-      comm_->allreduce_sum(std::span<float>(buffer), "gather optimizer state");
-      if (std::min(total, want)) std::memcpy(whole.data, buffer.data(), std::min(total, want));
-    }
-    if (want > total) std::memset(whole.data + total, 0, want - total);
-  }
-
   // Stage 2: a bucket of the gradients is complete on every rank: reduce-scatter it (each rank's
   // block summed), give back the rest. A communicator without reduce_scatter_range all-reduces.
   // A communicator with ireduce_scatter_range (MPI) reduces every bucket but the last without
@@ -438,15 +372,8 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
     complete(inflight_.front());
     inflight_.pop_front();
   }
-  // A bucket's reduction is complete: this rank's sums (at `begin`) moved to their place, the
-  // rest of the bucket given back.
-  void complete(const Inflight& f) {
-    const std::size_t mine = std::clamp(offset_, f.begin, f.end),
-                      n = std::clamp(offset_ + block_, f.begin, f.end) - mine;
-    float* g = arena_->grads().data();
-    if (mine != f.begin && n > 0) std::memmove(g + mine, g + f.begin, n * sizeof(float));
-    release_others(f.begin, f.end);
-  }
+  // A bucket's reduction is complete (this rank's sums in place): the rest of it given back.
+  void complete(const Inflight& f) { reduced(f.begin, f.end); }
   void reduce_bucket(std::size_t begin, std::size_t end, bool last) {
     if constexpr (IReduceScattersRanges<C>) {
       if (!deterministic_ && !last) {
@@ -469,7 +396,7 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
         else
           comm_->allreduce_sum(arena_->grads().subspan(begin, end - begin), "gradient bucket");
       }
-      release_others(begin, end);
+      reduced(begin, end);
     }
     waited_ += std::chrono::duration<double>(clock::now() - start).count();
     ++collectives_;
@@ -573,13 +500,36 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
     values_->release(std::max(r.begin, offset_ + block_), r.end);
   }
 
+  // The bucket [begin, end) is reduced: gives back the whole grains (huge pages, or pages) of it
+  // outside this rank's block, and where it adjoins the buckets reduced before it in this
+  // backward (they complete in order, each next to the last), the grain it shares with them.
+  // end_backward() releases the rest (zeros): a huge page given back in part would be split, and
+  // its next use fault in 512 small pages.
+  void reduced(std::size_t begin, std::size_t end) noexcept {
+    const std::size_t grain = pages_->grain() / sizeof(float);
+    std::size_t lo = begin, hi = end;
+    if (done_lo_ == done_hi_) {
+      done_lo_ = begin, done_hi_ = end;
+    } else if (end == done_lo_) {
+      hi = std::min(end + grain, done_hi_);
+      done_lo_ = begin;
+    } else if (begin == done_hi_) {
+      lo = begin - std::min(begin - done_lo_, grain);
+      done_hi_ = end;
+    }
+    discard_others(lo, hi);
+  }
+  // Gives back the whole grains of the gradients [begin, end) outside this rank's block.
+  void discard_others(std::size_t begin, std::size_t end) noexcept {
+    pages_->discard(begin, std::min(end, offset_));
+    pages_->discard(std::max(begin, offset_ + block_), end);
+  }
   // Zeroes the gradients [begin, end) outside this rank's block, giving their pages back.
   void release_others(std::size_t begin, std::size_t end) noexcept {
     pages_->release(begin, std::min(end, offset_));
     pages_->release(std::max(begin, offset_ + block_), end);
   }
 
-  memory::Resource* memory_;
   std::size_t block_, offset_;
   int stage_;
   bool stage2_, deterministic_, prefetch_;
@@ -592,14 +542,16 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
   memory::PageBuffer* values_ = &own_values_;  // stage 3: the parameters' pages
   std::vector<ArenaRange> units_, loose_;      // stage 3: the units' ranges; those outside every unit
   std::vector<std::string> unit_names_;
-  std::vector<std::size_t> held_;         // stage 3: gathers of each unit not yet released
-  std::size_t all_ = 0;                   // stage 3: gather_all() calls not yet released
-  AlignedVector sum_;                     // deterministic: this rank's block of the summed gradients
-  AlignedVector exchange_;                // deterministic: the ranks' copies of a bucket's part of the block
-  std::vector<double> segments_;          // deterministic: the norm's segment sums
-  std::deque<Inflight> inflight_;         // stages 2 and 3: bucket reductions started, oldest first
-  double waited_ = 0.0, gathered_ = 0.0;  // this step's blocking communication, in seconds
+  std::vector<std::size_t> held_;          // stage 3: gathers of each unit not yet released
+  std::size_t all_ = 0;                    // stage 3: gather_all() calls not yet released
+  AlignedVector sum_;                      // deterministic: this rank's block of the summed gradients
+  AlignedVector exchange_;                 // deterministic: the ranks' copies of a bucket's part of the block
+  std::vector<double> segments_;           // deterministic: the norm's segment sums
+  std::deque<Inflight> inflight_;          // stages 2 and 3: bucket reductions started, oldest first
+  std::size_t done_lo_ = 0, done_hi_ = 0;  // stages 2 and 3: the buckets reduced in this backward, next to each other
+  double waited_ = 0.0, gathered_ = 0.0;   // this step's blocking communication, in seconds
   std::size_t collectives_ = 0;
+  detail::ShardedState<C> state_;  // the optimizer state's parts in a checkpoint's layout
   profile::EventLabels<5> labels_{{"gradient reduce-scatter", "parameter all-gather", "gradient bucket reduce-scatter",
                                    "parameter unit all-gather", "deterministic gradient exchange"}};
 };

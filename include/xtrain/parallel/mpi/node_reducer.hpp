@@ -119,6 +119,14 @@ class NodeReducer {
   bool reduce_scatter(std::span<float> v, const char* what, std::chrono::duration<double> timeout) {
     return nodes_ == 1 && sums_.reduce_scatter(v, {what, timeout});
   }
+  /// One node: of the elements [lo, hi) of `v` (equal blocks of `block`), those in block `rank`
+  /// become the sum. False (nothing done) otherwise.
+  bool reduce_scatter_range(std::span<float> v, std::size_t lo, std::size_t hi, std::size_t block, const char* what,
+                            std::chrono::duration<double> timeout) {
+    if (nodes_ != 1) return false;
+    sums_.reduce_scatter_range(v, lo, hi, block, {what, timeout});
+    return true;
+  }
   /// One node: every rank's block `rank` of `v` into every rank's `v`. False (nothing done) otherwise.
   bool allgather(std::span<float> v, const char* what, std::chrono::duration<double> timeout) {
     if (nodes_ != 1 || v.size() % ranks_ != 0) return false;
