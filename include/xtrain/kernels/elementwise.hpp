@@ -219,7 +219,7 @@ template <class B>
 void store16(bf16* p, const B& v) noexcept {
 #if XTRAIN_HAS_AVX512_BF16  // one instruction; unlike round_bf16 it flushes |v| < 2^-126 to zero
   const __m256bh r = _mm512_cvtneps_pbh(v);
-  std::memcpy(p, &r, sizeof r);  // (one store; nvcc's front end rejects a cast of __m256bh to __m256i)
+  std::memcpy(static_cast<void*>(p), &r, sizeof r);  // (one store; nvcc rejects a cast of __m256bh to __m256i)
 #else
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), round_bf16(static_cast<__m512>(v)));
 #endif

@@ -6,10 +6,10 @@
 ///  - Stage 1 (`shard_optimizer`): the gradients are reduce-scattered at the step (each rank
 ///    receives the sum of its block), clipped with the global norm, the block stepped.
 ///  - Stage 2 (`zero_stage(2)`): each gradient bucket is reduce-scattered as soon as backward
-///    completes it (without blocking backward where the communicator has ireduce_scatter_range:
-///    up to two in flight), and a rank keeps only its block of the gradients: the rest of the
-///    bucket's pages are given back (memory::PageBuffer, on huge pages where large), so gradients
-///    take 1/N of the memory, plus the buckets backward is writing or reducing.
+///    completes it (MPI: through shared memory within a node, at once; between nodes without
+///    blocking backward, up to two in flight: ireduce_scatter_range), and a rank keeps only its block of the gradients:
+///    the rest of the bucket's pages are given back (memory::PageBuffer, on huge pages where large), so gradients take
+///    1/N of the memory, plus the buckets backward is writing or reducing.
 ///  - Stage 3 (`zero_stage(3)`): stage 2, and the parameters sharded too (FSDP): a rank keeps its
 ///    block of the parameters; the pages of the rest are given back. Each layers::ShardedUnit of
 ///    the model all-gathers its parameters before its forward and before its backward and gives
@@ -344,8 +344,9 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
   // Stage 2: a bucket of the gradients is complete on every rank: reduce-scatter it (each rank's
   // block summed), give back the rest. A communicator without reduce_scatter_range all-reduces.
   // A communicator with ireduce_scatter_range (MPI) reduces every bucket but the last without
-  // blocking backward: at most max_inflight at a time (their pages are held until they complete),
-  // polled at each parameter's readiness, completed by end_backward.
+  // blocking backward (between nodes; within one, through shared memory, it returns done): at
+  // most max_inflight at a time (their pages are held until they complete), polled at each
+  // parameter's readiness, completed by end_backward.
   static void on_ready(void* self, std::uint32_t slot) {
     auto* s = static_cast<ShardedSync*>(self);
     s->poll();
@@ -357,12 +358,16 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
     typename C::Request request;
     std::size_t begin, end;
   };
+  // (Also progresses a unit's prefetch: within a node the buckets' reductions are done at once,
+  // and Open MPI advances a non-blocking collective only inside MPI calls.)
   void poll() {
     if constexpr (IReduceScattersRanges<C>)
       while (!inflight_.empty() && comm_->test(inflight_.front().request)) {
         complete(inflight_.front());
         inflight_.pop_front();
       }
+    if constexpr (IGathersRanges<C>)
+      if (inflight_unit_ != none) comm_->test(unit_request_);
   }
   // Waits for the oldest reduction in flight and completes it.
   void finish_oldest() {
@@ -378,8 +383,14 @@ class ShardedSync final : public detail::SyncBase<C>, public ParamShards {
     if constexpr (IReduceScattersRanges<C>) {
       if (!deterministic_ && !last) {
         while (inflight_.size() >= max_inflight) finish_oldest();
-        inflight_.push_back(
-            {comm_->ireduce_scatter_range(arena_->grads(), begin, end, "gradient bucket reduce-scatter"), begin, end});
+        const auto start = clock::now();  // (within a node the reduction is done in the call)
+        {
+          const auto scope = labels_.scope(2, profile::Category::reduction);
+          inflight_.push_back(
+              {comm_->ireduce_scatter_range(arena_->grads(), begin, end, "gradient bucket reduce-scatter"), begin,
+               end});
+        }
+        waited_ += std::chrono::duration<double>(clock::now() - start).count();
         ++collectives_;
         return;
       }

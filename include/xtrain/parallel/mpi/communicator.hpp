@@ -55,8 +55,10 @@ inline void keep_freed_memory(std::size_t bytes = std::size_t{256} << 20) noexce
     if ((tuning && std::strcmp(tuning, "0") == 0) || (tunables && std::strstr(tunables, "glibc.malloc.")) ||
         std::getenv("MALLOC_MMAP_THRESHOLD_") || std::getenv("MALLOC_TRIM_THRESHOLD_"))
       return false;
-    const int n = static_cast<int>(bytes);
-    return mallopt(M_MMAP_THRESHOLD, n) == 1 && mallopt(M_TRIM_THRESHOLD, n) == 1;
+    const int n = static_cast<int>(std::min<std::size_t>(bytes, std::size_t{1} << 30));
+    // (glibc before 2.35 takes no mmap threshold above 32 MiB on 64-bit: then that)
+    const bool mmap = mallopt(M_MMAP_THRESHOLD, n) == 1 || mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1;
+    return mallopt(M_TRIM_THRESHOLD, n) == 1 && mmap;
   }();
   (void)once;
 #else
