@@ -171,18 +171,23 @@ class NodeSums {
 
   /// Of the elements [lo, hi) of `v`, those in block `local` (equal blocks of `b` elements) become
   /// the sum over the node's ranks, in rank order; the others are left as they were. Through the
-  /// scratch slots, a chunk at a time (ZeRO-2's gradient buckets).
+  /// scratch slots, a chunk at a time (ZeRO-2's gradient buckets): a rank copies in only what
+  /// its peers sum, and reads its own part of the sum where it is.
   void reduce_scatter_range(std::span<float> v, std::size_t lo, std::size_t hi, std::size_t b, Call call) {
     call_ = call;
     count_ = hi - lo;
     const std::size_t chunk = layout_.chunk, mine = local_ * b, end = mine + b;
     for (std::size_t off = lo; off < hi; off += chunk) {
       const std::size_t m = std::min(chunk, hi - off);
-      float* set = next_scratch_set();
-      std::memcpy(set + local_ * chunk, v.data() + off, m * sizeof(float));
-      arrive_and_wait();  // alternate sets: the next chunk's copy-in cannot meet this one's readers
       const std::size_t a = std::clamp(mine, off, off + m), e = std::clamp(end, off, off + m);
-      if (e > a) sum_block(set, chunk, a - off, e - off, v.data() + a);
+      float* set = next_scratch_set();
+      float* in = set + local_ * chunk;  // element off + i of v at in[i]
+      std::memcpy(in, v.data() + off, (a - off) * sizeof(float));
+      std::memcpy(in + (e - off), v.data() + e, (off + m - e) * sizeof(float));
+      arrive_and_wait();  // alternate sets: the next chunk's copy-in cannot meet this one's readers
+      if (e > a)          // (in place: sum_in_rank_order reads a tile of every rank before writing it)
+        sum_in_rank_order([&](std::size_t k) { return k == local_ ? v.data() + off : set + k * chunk; }, ranks_,
+                          a - off, e - off, v.data() + a);
     }
   }
 
