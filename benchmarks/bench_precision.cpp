@@ -158,7 +158,7 @@ void conv_shapes(benchmark::internal::Benchmark* b) {
 
 // Conv2d(in, out, k, padding pad) with each algorithm (0: im2col, 1: direct, 2: image_lanes): the
 // measurement behind Conv2d's automatic choice. Shapes: LeNet's two layers, the convbn example's,
-// the resnet example's 16- and 32-channel stages.
+// the resnet example's 16-, 32- and 64-channel stages.
 template <class T>
 void BM_Conv2dAlgorithm(benchmark::State& state) {
   const auto in = static_cast<std::size_t>(state.range(0)), out = static_cast<std::size_t>(state.range(1)),
@@ -179,7 +179,8 @@ void conv_algorithm_shapes(benchmark::internal::Benchmark* b) {
                                                               {32, 32, 28, 3, 1},
                                                               {32, 64, 14, 3, 1},
                                                               {16, 16, 28, 3, 1},
-                                                              {32, 32, 14, 3, 1}})
+                                                              {32, 32, 14, 3, 1},
+                                                              {64, 64, 7, 3, 1}})
     for (std::int64_t algorithm : {0, 1, 2}) {  // im2col, direct, image_lanes
       auto args = s;
       args.push_back(algorithm);

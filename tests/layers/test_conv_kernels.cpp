@@ -48,6 +48,7 @@ TEST_CASE("Conv2d equals its scalar twin on odd shapes, with either algorithm", 
       {2, 3, 5, 12, 10, 3, 1, 0, 1, 1, true},             // no padding: image_lanes skips dx's frame, rows of 10
       {17, 2, 3, 9, 10, 5, 1, 0, 1, 1, false},            // ... 5 x 5; 17 images: a second group of one
       {2, 2, 3, 11, 13, 5, 1, 2, 1, 1, true},             // same 5 x 5, odd rows: a weight tile's unpaired column
+      {2, 5, 6, 7, 21, 3, 1, 1, 1, 1, false},             // rows of 7 (a ResNet's last stage) and of 14 + 7
   };
   using Algorithm = nn::Conv2d::Algorithm;
   for (const Case& t : cases)
