@@ -49,6 +49,7 @@ TEST_CASE("Conv2d equals its scalar twin on odd shapes, with either algorithm", 
       {17, 2, 3, 9, 10, 5, 1, 0, 1, 1, false},            // ... 5 x 5; 17 images: a second group of one
       {2, 2, 3, 11, 13, 5, 1, 2, 1, 1, true},             // same 5 x 5, odd rows: a weight tile's unpaired column
       {2, 5, 6, 7, 21, 3, 1, 1, 1, 1, false},             // rows of 7 (a ResNet's last stage) and of 14 + 7
+      {37, 4, 6, 28, 28, 3, 2, 1, 1, 1, true},            // stride 2: im2col in 4 chunks of images, 4 blocks
   };
   using Algorithm = nn::Conv2d::Algorithm;
   for (const Case& t : cases)
@@ -139,43 +140,52 @@ TEST_CASE("Conv2d's image_lanes in bf16 stays within bf16 rounding of the scalar
   }
 }
 
-TEST_CASE("Conv2d's image_lanes gives bitwise the same results on 1 and 3 threads", "[conv]") {
-  // 37 images: groups of 16, 16 and 5, whose weight-gradient partials are added in order.
-  for (const bool bf16_activations : {false, true}) {
-    INFO((bf16_activations ? "bf16" : "fp32"));
-    const Tensor<float> x = random_tensor({37, 4, 9, 9}, 18);
-    std::vector<std::vector<float>> y, dx, dw;
-    for (const std::size_t threads : {std::size_t{1}, std::size_t{3}}) {
-      set_seed(7);
-      nn::Conv2d conv{4, 6, 3, 1, 1};
-      conv.set_algorithm(nn::Conv2d::Algorithm::image_lanes);
-      backend::ThreadPool pool(threads);
-      Context ctx;
-      ctx.executor = &pool;
-      const auto run = [&]<class T>(const Tensor<T>& in) {
-        const Tensor<T>& out = conv.forward(ctx, in);
-        Tensor<T> dy(out.shape());
-        const Tensor<float> dyf = random_tensor(out.shape(), 19);
-        kernels::from_float(dyf.data(), dy.data(), dy.size());
-        const Tensor<T>& grad = conv.backward(ctx, dy);
-        y.emplace_back(out.size());
-        dx.emplace_back(grad.size());
-        kernels::to_float(out.data(), y.back().data(), out.size());
-        kernels::to_float(grad.data(), dx.back().data(), grad.size());
-      };
-      if (bf16_activations) {
-        Tensor<bf16> x16(x.shape());
-        kernels::from_float(x.data(), x16.data(), x.size());
-        run(x16);
-      } else {
-        run(x);
+TEST_CASE("Conv2d's image_lanes and im2col give bitwise the same results on 1 and 3 threads", "[conv]") {
+  // 37 images. image_lanes: groups of 16, 16 and 5, whose weight-gradient partials are added in
+  // order. im2col at stride 2 (a ResNet's downsampling layers): 14 x 14 outputs, chunks of 10
+  // images side by side, 4 blocks split over the threads, their partials added in order.
+  struct Case {
+    nn::Conv2d::Algorithm algorithm;
+    std::size_t hw, kernel, stride, padding;
+  };
+  for (const Case t :
+       {Case{nn::Conv2d::Algorithm::image_lanes, 9, 3, 1, 1}, Case{nn::Conv2d::Algorithm::im2col, 28, 3, 2, 1},
+        Case{nn::Conv2d::Algorithm::im2col, 28, 1, 2, 0}})
+    for (const bool bf16_activations : {false, true}) {
+      INFO((bf16_activations ? "bf16" : "fp32") << " " << t.kernel << "x" << t.kernel << " stride " << t.stride);
+      const Tensor<float> x = random_tensor({37, 4, t.hw, t.hw}, 18);
+      std::vector<std::vector<float>> y, dx, dw;
+      for (const std::size_t threads : {std::size_t{1}, std::size_t{3}}) {
+        set_seed(7);
+        nn::Conv2d conv{4, 6, t.kernel, t.stride, t.padding};
+        conv.set_algorithm(t.algorithm);
+        backend::ThreadPool pool(threads);
+        Context ctx;
+        ctx.executor = &pool;
+        const auto run = [&]<class T>(const Tensor<T>& in) {
+          const Tensor<T>& out = conv.forward(ctx, in);
+          Tensor<T> dy(out.shape());
+          const Tensor<float> dyf = random_tensor(out.shape(), 19);
+          kernels::from_float(dyf.data(), dy.data(), dy.size());
+          const Tensor<T>& grad = conv.backward(ctx, dy);
+          y.emplace_back(out.size());
+          dx.emplace_back(grad.size());
+          kernels::to_float(out.data(), y.back().data(), out.size());
+          kernels::to_float(grad.data(), dx.back().data(), grad.size());
+        };
+        if (bf16_activations) {
+          Tensor<bf16> x16(x.shape());
+          kernels::from_float(x.data(), x16.data(), x.size());
+          run(x16);
+        } else {
+          run(x);
+        }
+        dw.emplace_back(conv.weight().grads().begin(), conv.weight().grads().end());
       }
-      dw.emplace_back(conv.weight().grads().begin(), conv.weight().grads().end());
+      REQUIRE(y[0] == y[1]);
+      REQUIRE(dx[0] == dx[1]);
+      REQUIRE(dw[0] == dw[1]);
     }
-    REQUIRE(y[0] == y[1]);
-    REQUIRE(dx[0] == dx[1]);
-    REQUIRE(dw[0] == dw[1]);
-  }
 }
 
 TEST_CASE("The convolutions' bf16 transposes widen and round exactly as one value at a time", "[conv][precision]") {

@@ -199,9 +199,9 @@ class Conv2d {
     }
     float* acc = accumulator<T>(y, y.size());
     const float* bias = has_bias() ? bias_.data() : nullptr;
-    for_each_chunk(n, [&](std::size_t s0, std::size_t m, std::size_t ld) {
+    for_each_chunk(ctx, n, [&](std::size_t s0, std::size_t m, std::size_t ld, std::size_t, std::size_t part, bool) {
       for (std::size_t g = 0; g < groups_; ++g) {
-        const T* cols = columns(x, s0, m, g, ld);
+        const T* cols = columns(x, s0, m, g, ld, part);
         const float* wg = weight_.data() + g * og * kg;
         if (m == 1) {  // one image: the GEMM writes its planes in place, over the bias
           float* yg = acc + (s0 * out_ + g * og) * plane;
@@ -212,7 +212,7 @@ class Conv2d {
           continue;
         }
         // Several images side by side: y_g[og, m * plane], then each image's planes to its place.
-        Buffer<float>& out = buffer<float>(1);
+        Buffer<float>& out = buffers_[part].get<float>(1);
         out.resize(og * ld);
         kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::no, og, ld, kg, wg, kg, cols, ld, 0.0f, out.data(), ld,
                             ctx.executor);
@@ -261,32 +261,38 @@ class Conv2d {
       backward_lanes(ctx, x, dy, input_grad ? dx.data() : nullptr);
       return dx;
     }
-    const std::size_t cg = in_ / groups_;
-    for_each_chunk(n, [&](std::size_t s0, std::size_t m, std::size_t ld) {
-      for (std::size_t g = 0; g < groups_; ++g) {
-        const T* cols = columns(x, s0, m, g, ld);
-        // dy_g of the chunk as [og, m * plane] (one image: dy itself).
-        const T* dyg = dy.data() + (s0 * out_ + g * og) * plane;
-        if (m > 1) {
-          Buffer<T>& side = buffer<T>(1);
-          side.resize(og * ld);
-          for (std::size_t j = 0; j < m; ++j)
-            for (std::size_t o = 0; o < og; ++o)
-              std::copy_n(dy.data() + ((s0 + j) * out_ + g * og + o) * plane, plane, side.data() + o * ld + j * plane);
-          dyg = side.data();
-        }
-        const float* wg = weight_.data() + g * og * kg;
-        kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::yes, og, kg, ld, dyg, ld, cols, ld, 1.0f,
-                            weight_.grad() + g * og * kg, kg, ctx.executor);
-        if (!input_grad) continue;
-        dcol_.resize(kg * ld);
-        kernels::gemm_as<T>(kernels::Trans::yes, kernels::Trans::no, kg, ld, og, wg, kg, dyg, ld, 0.0f, dcol_.data(),
-                            ld, ctx.executor);
-        for (std::size_t j = 0; j < m; ++j)
-          kernels::col2im(dcol_.data() + j * plane, cg, window_,
-                          dx_acc + ((s0 + j) * in_ + g * cg) * window_.in_plane(), ld);
-      }
-    });
+    const std::size_t cg = in_ / groups_, wsize = weight_.size(), blocks = chunking(n).blocks;
+    partials_.resize(blocks * wsize);
+    for_each_chunk(ctx, n,
+                   [&](std::size_t s0, std::size_t m, std::size_t ld, std::size_t block, std::size_t part, bool first) {
+                     ChunkBuffers& own = buffers_[part];
+                     float* partial = partials_.data() + block * wsize;  // the weight gradient of the chunk's block
+                     for (std::size_t g = 0; g < groups_; ++g) {
+                       const T* cols = columns(x, s0, m, g, ld, part);
+                       // dy_g of the chunk as [og, m * plane] (one image: dy itself).
+                       const T* dyg = dy.data() + (s0 * out_ + g * og) * plane;
+                       if (m > 1) {
+                         Buffer<T>& side = own.get<T>(1);
+                         side.resize(og * ld);
+                         for (std::size_t j = 0; j < m; ++j)
+                           for (std::size_t o = 0; o < og; ++o)
+                             std::copy_n(dy.data() + ((s0 + j) * out_ + g * og + o) * plane, plane,
+                                         side.data() + o * ld + j * plane);
+                         dyg = side.data();
+                       }
+                       const float* wg = weight_.data() + g * og * kg;
+                       kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::yes, og, kg, ld, dyg, ld, cols, ld,
+                                           first ? 0.0f : 1.0f, partial + g * og * kg, kg, ctx.executor);
+                       if (!input_grad) continue;
+                       own.dcol.resize(kg * ld);
+                       kernels::gemm_as<T>(kernels::Trans::yes, kernels::Trans::no, kg, ld, og, wg, kg, dyg, ld, 0.0f,
+                                           own.dcol.data(), ld, ctx.executor);
+                       for (std::size_t j = 0; j < m; ++j)
+                         kernels::col2im(own.dcol.data() + j * plane, cg, window_,
+                                         dx_acc + ((s0 + j) * in_ + g * cg) * window_.in_plane(), ld);
+                     }
+                   });
+    add_partials(blocks);
     if constexpr (!std::is_same_v<T, float>)
       if (input_grad) kernels::from_float(dx_acc, dx.data(), dx.size(), ctx.executor);
     return dx;
@@ -512,25 +518,44 @@ class Conv2d {
     add_partials(blocks);
   }
 
-  // Calls f(first image, images, columns) for the batch in chunks: as many images side by side as
-  // make about 2048 GEMM columns (small planes: one GEMM instead of many tiny ones), one image
-  // when its plane alone is that wide.
+  // im2col cuts a batch of n images into chunks of `per` images side by side, about 2048 GEMM
+  // columns each (small planes: one GEMM instead of many tiny ones; one image when its plane alone
+  // is that wide), and the chunks into `blocks` runs of consecutive chunks, each block's weight
+  // gradient summed apart (then added in order): the threads take whole blocks. All of it depends
+  // on the batch alone, never on the threads, so the sums are the same on any thread count.
+  static constexpr std::size_t max_chunk_blocks = 8;
+  struct Chunking {
+    std::size_t per = 1, chunks = 0, blocks = 0;
+  };
+  Chunking chunking(std::size_t n) const noexcept {
+    if (n == 0) return {};
+    const std::size_t plane = std::max<std::size_t>(1, window_.out_plane());
+    const std::size_t wanted = std::max<std::size_t>(1, (n * plane + 2047) / 2048);
+    const std::size_t per = (n + wanted - 1) / wanted, chunks = (n + per - 1) / per;
+    return {per, chunks, std::min(chunks, max_chunk_blocks)};
+  }
+  // Calls f(first image, images, columns, block, part, first chunk of its block) for every chunk,
+  // the blocks split over the backend's threads (part: the thread's index, for buffers_[part]).
   template <class F>
-  void for_each_chunk(std::size_t n, F&& f) const {
+  void for_each_chunk(Context& ctx, std::size_t n, F&& f) {
+    const Chunking k = chunking(n);
     const std::size_t plane = window_.out_plane();
-    const std::size_t per = std::max<std::size_t>(1, (2048 + plane - 1) / plane);
-    for (std::size_t s0 = 0; s0 < n; s0 += per) {
-      const std::size_t m = std::min(per, n - s0);
-      f(s0, m, m * plane);
-    }
+    if (buffers_.size() < backend::threads_of(ctx.executor)) buffers_.resize(backend::threads_of(ctx.executor));
+    backend::parallel_for(ctx.executor, k.blocks, 1, 1, [&](std::size_t begin, std::size_t end, std::size_t part) {
+      for (std::size_t b = begin; b < end; ++b)
+        for (std::size_t c = k.chunks * b / k.blocks; c < k.chunks * (b + 1) / k.blocks; ++c) {
+          const std::size_t s0 = c * k.per, m = std::min(k.per, n - s0);
+          f(s0, m, m * plane, b, part, c == k.chunks * b / k.blocks);
+        }
+    });
   }
 
   // The column matrix of images [s0, s0 + m), group g, side by side (rows `ld` apart), in this
   // layer's buffer of the activation type.
   template <class T>
-  const T* columns(const Tensor<T>& x, std::size_t s0, std::size_t m, std::size_t g, std::size_t ld) {
+  const T* columns(const Tensor<T>& x, std::size_t s0, std::size_t m, std::size_t g, std::size_t ld, std::size_t part) {
     const std::size_t cg = in_ / groups_;
-    Buffer<T>& col = buffer<T>(0);
+    Buffer<T>& col = buffers_[part].get<T>(0);
     col.resize(fan_in() * ld);
     for (std::size_t j = 0; j < m; ++j)
       kernels::im2col(x.data() + ((s0 + j) * in_ + g * cg) * window_.in_plane(), cg, window_,
@@ -541,16 +566,22 @@ class Conv2d {
   template <class T>
   using Buffer = std::vector<T, memory::Allocator<T>>;  // counted: memory::counters()
 
-  // Buffer 0: the column matrix; 1: the chunk's output (fp32) or output gradient (type T).
-  template <class T>
-  Buffer<T>& buffer(int which) noexcept {
-    if constexpr (std::is_same_v<T, float>)
-      return f32_[which];
-    else if constexpr (std::is_same_v<T, bf16>)
-      return b16_[which];
-    else
-      return f16_[which];
-  }
+  // One thread's im2col buffers. get<T>(0): the column matrix; get<T>(1): the chunk's output
+  // (fp32) or output gradient (type T). dcol: the columns' gradient.
+  struct ChunkBuffers {
+    Buffer<float> f32[2], dcol;
+    Buffer<bf16> b16[2];
+    Buffer<fp16> f16[2];
+    template <class T>
+    Buffer<T>& get(int which) noexcept {
+      if constexpr (std::is_same_v<T, float>)
+        return f32[which];
+      else if constexpr (std::is_same_v<T, bf16>)
+        return b16[which];
+      else
+        return f16[which];
+    }
+  };
 
   // fp32: the GEMM writes the output itself; bf16/fp16: an fp32 accumulator of the layer.
   template <class T>
@@ -587,7 +618,8 @@ class Conv2d {
   Param weight_, bias_;
   SavedInput x_;
   ActivationBuffers y_, dx_;
-  Buffer<float> f32_[2], dcol_, acc_;  // see buffer(); the columns' gradient; fp32 accumulator (16-bit runs)
+  std::vector<ChunkBuffers> buffers_;  // im2col: each thread's buffers
+  Buffer<float> dcol_, acc_;           // a row of the bias gradient (16-bit runs); fp32 accumulator (16-bit runs)
   Buffer<float> partials_, flipped_;   // direct, image_lanes: each block's weight gradient; the flipped kernel
   detail::ImageLanes lanes_;           // image_lanes: its state (the bf16-paired weights)
   Buffer<float> bias_partials_;        // image_lanes, fp32 products: each group's bias sums
@@ -595,8 +627,6 @@ class Conv2d {
   bool fuse_pool_ = false, pool_relu_ = false, pool_applied_ = false;
   Buffer<float> transposed_;  // direct by output channels: the weights [c][tap][o], then the bias
   Algorithm algorithm_ = Algorithm::automatic;
-  Buffer<bf16> b16_[2];
-  Buffer<fp16> f16_[2];
 };
 
 }  // namespace xtrain::layers

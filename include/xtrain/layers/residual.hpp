@@ -11,6 +11,7 @@
 #include <string>
 #include <type_traits>
 
+#include "xtrain/backend/executor.hpp"
 #include "xtrain/core/concepts.hpp"
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/module.hpp"
@@ -54,6 +55,15 @@ void add(const T* a, const T* b, T* out, std::size_t n) {
     }
   }
 }
+
+/// add(a, b, out, n) split over the context's threads in parts of at least 16k values (each
+/// value computed alone: the same bits on any thread count).
+template <class T>
+void add(Context& ctx, const T* a, const T* b, T* out, std::size_t n) {
+  backend::parallel_for(ctx.executor, n, std::size_t{1} << 14, [&](std::size_t begin, std::size_t end) {
+    add(a + begin, b + begin, out + begin, end - begin);
+  });
+}
 }  // namespace detail
 
 template <class M>
@@ -72,7 +82,7 @@ class Residual {
                  " to ", fx.shape().str(), "; a residual needs the same shape");
     Tensor<T>& y = y_.get<T>();
     y.resize(x.shape());
-    detail::add(x.data(), fx.data(), y.data(), x.size());
+    detail::add(ctx, x.data(), fx.data(), y.data(), x.size());
     return y;
   }
 
@@ -91,7 +101,7 @@ class Residual {
     XTRAIN_CHECK(dfx.shape() == dy.shape(), ShapeError, describe(), ": gradient has shape ", dy.shape().str(),
                  " but the wrapped module's input gradient has shape ", dfx.shape().str());
     dx.resize(dy.shape());
-    detail::add(dy.data(), dfx.data(), dx.data(), dy.size());
+    detail::add(ctx, dy.data(), dfx.data(), dx.data(), dy.size());
     return dx;
   }
 

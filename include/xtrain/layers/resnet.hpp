@@ -61,7 +61,7 @@ class BasicBlock {
                  " (expected [batch, ", in_, ", height, width])");
     Tensor<T>& sum = sum_.get<T>();
     sum.resize(h2.shape());
-    detail::add(h2.data(), s.data(), sum.data(), sum.size());
+    detail::add(ctx, h2.data(), s.data(), sum.data(), sum.size());
     return relu2_.forward(ctx, sum);
   }
 
@@ -80,7 +80,7 @@ class BasicBlock {
       return dx;
     }
     dx.resize(dbody.shape());
-    detail::add(dbody.data(), dshort->data(), dx.data(), dx.size());
+    detail::add(ctx, dbody.data(), dshort->data(), dx.data(), dx.size());
     return dx;
   }
 
