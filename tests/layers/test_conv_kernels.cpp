@@ -48,7 +48,8 @@ TEST_CASE("Conv2d equals its scalar twin on odd shapes, with either algorithm", 
       {2, 3, 5, 12, 10, 3, 1, 0, 1, 1, true},             // no padding: image_lanes skips dx's frame, rows of 10
       {17, 2, 3, 9, 10, 5, 1, 0, 1, 1, false},            // ... 5 x 5; 17 images: a second group of one
       {2, 2, 3, 11, 13, 5, 1, 2, 1, 1, true},             // same 5 x 5, odd rows: a weight tile's unpaired column
-      {2, 5, 6, 7, 21, 3, 1, 1, 1, 1, false},             // rows of 7 (a ResNet's last stage) and of 14 + 7
+      {2, 5, 6, 9, 7, 3, 1, 1, 1, 1, false},              // rows of 7 (a ResNet's last stage): one tile
+      {2, 5, 6, 7, 21, 3, 1, 1, 1, 1, false},             // rows of 14 + 7 (AVX-512), 12 + 8 + 1 (AVX2)
       {37, 4, 6, 28, 28, 3, 2, 1, 1, 1, true},            // stride 2: im2col in 4 chunks of images, 4 blocks
   };
   using Algorithm = nn::Conv2d::Algorithm;

@@ -9,9 +9,11 @@
 /// unless set:
 /// - im2col: each group is lowered to GEMMs through im2col (kernels/conv.hpp) on the packed GEMM
 ///   of Linear: y_g[out/g, OH*OW] = W_g x col_g; dW_g += dy_g x col_g^T; dx_g = col2im(W_g^T x
-///   dy_g). Images of small planes are put side by side (about 2048 columns per GEMM: LeNet's 10 x
-///   10 planes make one GEMM of 21 images rather than 21 tiny ones). The column matrix is rebuilt
-///   in backward rather than kept, so a layer holds one chunk's columns, not the batch's. With
+///   dy_g). Images of small planes are put side by side (at most about 2048 columns per GEMM: 10 x
+///   10 planes, batch 64, make 4 GEMMs of 16 images rather than 64 tiny ones). The column matrix is
+///   rebuilt in backward rather than kept, so a layer holds one chunk's columns per thread, not the
+///   batch's. The chunks run in up to 8 blocks, over the threads where there are as many blocks as
+///   threads, each block's weight gradient summed apart and added in order (thread-count invariant). With
 ///   bf16/fp16 activations the columns are 16-bit and the GEMM accumulates in fp32
 ///   (kernels/gemm_lowp.hpp: vdpbf16ps where available).
 /// - direct (stride 1, dilation 1): the correlations of kernels/conv_direct.hpp over zero-framed
@@ -199,32 +201,37 @@ class Conv2d {
     }
     float* acc = accumulator<T>(y, y.size());
     const float* bias = has_bias() ? bias_.data() : nullptr;
-    for_each_chunk(ctx, n, [&](std::size_t s0, std::size_t m, std::size_t ld, std::size_t, std::size_t part, bool) {
-      for (std::size_t g = 0; g < groups_; ++g) {
-        const T* cols = columns(x, s0, m, g, ld, part);
-        const float* wg = weight_.data() + g * og * kg;
-        if (m == 1) {  // one image: the GEMM writes its planes in place, over the bias
-          float* yg = acc + (s0 * out_ + g * og) * plane;
-          for (std::size_t o = 0; o < og; ++o)
-            std::fill(yg + o * plane, yg + (o + 1) * plane, bias ? bias[g * og + o] : 0.0f);
-          kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::no, og, plane, kg, wg, kg, cols, ld,
-                              bias ? 1.0f : 0.0f, yg, plane, ctx.executor);
-          continue;
-        }
-        // Several images side by side: y_g[og, m * plane], then each image's planes to its place.
-        Buffer<float>& out = buffers_[part].get<float>(1);
-        out.resize(og * ld);
-        kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::no, og, ld, kg, wg, kg, cols, ld, 0.0f, out.data(), ld,
-                            ctx.executor);
-        for (std::size_t j = 0; j < m; ++j)
-          for (std::size_t o = 0; o < og; ++o) {
-            const float* src = out.data() + o * ld + j * plane;
-            float* dst = acc + ((s0 + j) * out_ + g * og + o) * plane;
-            const float b = bias ? bias[g * og + o] : 0.0f;
-            for (std::size_t i = 0; i < plane; ++i) dst[i] = src[i] + b;
-          }
-      }
-    });
+    const auto prepare = [&](ChunkBuffers& b, std::size_t per, std::size_t ld) {
+      b.get<T>(0).resize(fan_in() * ld);
+      if (per > 1) b.get<float>(1).resize(og * ld);
+    };
+    for_each_chunk(ctx, n, prepare,
+                   [&](std::size_t s0, std::size_t m, std::size_t ld, std::size_t, std::size_t part, bool) {
+                     for (std::size_t g = 0; g < groups_; ++g) {
+                       const T* cols = columns(x, s0, m, g, ld, part);
+                       const float* wg = weight_.data() + g * og * kg;
+                       if (m == 1) {  // one image: the GEMM writes its planes in place, over the bias
+                         float* yg = acc + (s0 * out_ + g * og) * plane;
+                         for (std::size_t o = 0; o < og; ++o)
+                           std::fill(yg + o * plane, yg + (o + 1) * plane, bias ? bias[g * og + o] : 0.0f);
+                         kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::no, og, plane, kg, wg, kg, cols, ld,
+                                             bias ? 1.0f : 0.0f, yg, plane, ctx.executor);
+                         continue;
+                       }
+                       // Several images side by side: y_g[og, m * plane], then each image's planes to its place.
+                       Buffer<float>& out = buffers_[part].get<float>(1);
+                       out.resize(og * ld);
+                       kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::no, og, ld, kg, wg, kg, cols, ld, 0.0f,
+                                           out.data(), ld, ctx.executor);
+                       for (std::size_t j = 0; j < m; ++j)
+                         for (std::size_t o = 0; o < og; ++o) {
+                           const float* src = out.data() + o * ld + j * plane;
+                           float* dst = acc + ((s0 + j) * out_ + g * og + o) * plane;
+                           const float b = bias ? bias[g * og + o] : 0.0f;
+                           for (std::size_t i = 0; i < plane; ++i) dst[i] = src[i] + b;
+                         }
+                     }
+                   });
     if constexpr (!std::is_same_v<T, float>) kernels::from_float(acc, y.data(), y.size(), ctx.executor);
     return y;
   }
@@ -262,11 +269,18 @@ class Conv2d {
       return dx;
     }
     const std::size_t cg = in_ / groups_, wsize = weight_.size(), blocks = chunking(n).blocks;
-    partials_.resize(blocks * wsize);
-    for_each_chunk(ctx, n,
+    if (blocks > 1) partials_.resize(blocks * wsize);  // (one block: added into the gradient itself)
+    const auto prepare = [&](ChunkBuffers& b, std::size_t per, std::size_t ld) {
+      b.get<T>(0).resize(fan_in() * ld);
+      if (per > 1) b.get<T>(1).resize(og * ld);
+      if (input_grad) b.dcol.resize(kg * ld);
+    };
+    for_each_chunk(ctx, n, prepare,
                    [&](std::size_t s0, std::size_t m, std::size_t ld, std::size_t block, std::size_t part, bool first) {
                      ChunkBuffers& own = buffers_[part];
-                     float* partial = partials_.data() + block * wsize;  // the weight gradient of the chunk's block
+                     // The weight gradient of the chunk's block, written by its first chunk.
+                     float* partial = blocks > 1 ? partials_.data() + block * wsize : weight_.grad();
+                     const float beta = blocks > 1 && first ? 0.0f : 1.0f;
                      for (std::size_t g = 0; g < groups_; ++g) {
                        const T* cols = columns(x, s0, m, g, ld, part);
                        // dy_g of the chunk as [og, m * plane] (one image: dy itself).
@@ -281,8 +295,8 @@ class Conv2d {
                          dyg = side.data();
                        }
                        const float* wg = weight_.data() + g * og * kg;
-                       kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::yes, og, kg, ld, dyg, ld, cols, ld,
-                                           first ? 0.0f : 1.0f, partial + g * og * kg, kg, ctx.executor);
+                       kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::yes, og, kg, ld, dyg, ld, cols, ld, beta,
+                                           partial + g * og * kg, kg, ctx.executor);
                        if (!input_grad) continue;
                        own.dcol.resize(kg * ld);
                        kernels::gemm_as<T>(kernels::Trans::yes, kernels::Trans::no, kg, ld, og, wg, kg, dyg, ld, 0.0f,
@@ -292,7 +306,7 @@ class Conv2d {
                                          dx_acc + ((s0 + j) * in_ + g * cg) * window_.in_plane(), ld);
                      }
                    });
-    add_partials(blocks);
+    if (blocks > 1) add_partials(blocks);
     if constexpr (!std::is_same_v<T, float>)
       if (input_grad) kernels::from_float(dx_acc, dx.data(), dx.size(), ctx.executor);
     return dx;
@@ -518,11 +532,12 @@ class Conv2d {
     add_partials(blocks);
   }
 
-  // im2col cuts a batch of n images into chunks of `per` images side by side, about 2048 GEMM
-  // columns each (small planes: one GEMM instead of many tiny ones; one image when its plane alone
-  // is that wide), and the chunks into `blocks` runs of consecutive chunks, each block's weight
-  // gradient summed apart (then added in order): the threads take whole blocks. All of it depends
-  // on the batch alone, never on the threads, so the sums are the same on any thread count.
+  // im2col cuts a batch of n images into chunks of `per` images side by side, at most about 2048
+  // GEMM columns each (small planes: one GEMM instead of many tiny ones; one image when its plane
+  // alone is that wide; the chunks as equal as whole images allow), and the chunks into `blocks`
+  // runs of consecutive chunks (at most 8, fewer where a weight gradient per block would pass 16
+  // MB), each block's weight gradient summed apart, then added in order. All of it depends on the
+  // batch and the layer alone, never on the threads, so the sums are the same on any thread count.
   static constexpr std::size_t max_chunk_blocks = 8;
   struct Chunking {
     std::size_t per = 1, chunks = 0, blocks = 0;
@@ -532,22 +547,35 @@ class Conv2d {
     const std::size_t plane = std::max<std::size_t>(1, window_.out_plane());
     const std::size_t wanted = std::max<std::size_t>(1, (n * plane + 2047) / 2048);
     const std::size_t per = (n + wanted - 1) / wanted, chunks = (n + per - 1) / per;
-    return {per, chunks, std::min(chunks, max_chunk_blocks)};
+    const std::size_t by_memory =
+        std::max<std::size_t>(1, (std::size_t{4} << 20) / std::max<std::size_t>(1, weight_.size()));
+    return {per, chunks, std::min({chunks, max_chunk_blocks, by_memory})};
   }
-  // Calls f(first image, images, columns, block, part, first chunk of its block) for every chunk,
-  // the blocks split over the backend's threads (part: the thread's index, for buffers_[part]).
-  template <class F>
-  void for_each_chunk(Context& ctx, std::size_t n, F&& f) {
+  // Calls f(first image, images, columns, block, part, first chunk of its block) for every chunk.
+  // Where there are as many blocks as threads and a column matrix per thread stays under 32 MB,
+  // the threads take whole blocks (part: the thread's index, for buffers_[part]); otherwise the
+  // blocks run one after another, each GEMM on every thread. prepare(buffers, per, ld) sizes a
+  // part's buffers for a chunk of `per` images first, on this thread (from its memory resource).
+  template <class Prepare, class F>
+  void for_each_chunk(Context& ctx, std::size_t n, Prepare&& prepare, F&& f) {
     const Chunking k = chunking(n);
-    const std::size_t plane = window_.out_plane();
-    if (buffers_.size() < backend::threads_of(ctx.executor)) buffers_.resize(backend::threads_of(ctx.executor));
-    backend::parallel_for(ctx.executor, k.blocks, 1, 1, [&](std::size_t begin, std::size_t end, std::size_t part) {
+    const std::size_t plane = window_.out_plane(), threads = backend::threads_of(ctx.executor);
+    const bool split = threads > 1 && k.blocks >= threads &&
+                       threads * fan_in() * k.per * plane <= (std::size_t{8} << 20);  // floats: 32 MB
+    const std::size_t parts = split ? threads : 1;
+    if (buffers_.size() < parts) buffers_.resize(parts);
+    for (std::size_t p = 0; p < parts; ++p) prepare(buffers_[p], k.per, k.per * plane);
+    const auto blocks = [&](std::size_t begin, std::size_t end, std::size_t part) {
       for (std::size_t b = begin; b < end; ++b)
         for (std::size_t c = k.chunks * b / k.blocks; c < k.chunks * (b + 1) / k.blocks; ++c) {
           const std::size_t s0 = c * k.per, m = std::min(k.per, n - s0);
           f(s0, m, m * plane, b, part, c == k.chunks * b / k.blocks);
         }
-    });
+    };
+    if (split)
+      backend::parallel_for(ctx.executor, k.blocks, 1, 1, blocks);
+    else
+      blocks(0, k.blocks, 0);
   }
 
   // The column matrix of images [s0, s0 + m), group g, side by side (rows `ld` apart), in this
