@@ -12,8 +12,9 @@
 ///   dy_g). Images of small planes are put side by side (at most about 2048 columns per GEMM: 10 x
 ///   10 planes, batch 64, make 4 GEMMs of 16 images rather than 64 tiny ones). The column matrix is
 ///   rebuilt in backward rather than kept, so a layer holds one chunk's columns per thread, not the
-///   batch's. The chunks run in up to 8 blocks, over the threads where there are as many blocks as
-///   threads, each block's weight gradient summed apart and added in order (thread-count invariant). With
+///   batch's. The chunks run in up to 8 blocks, over the threads where there are at least as many
+///   blocks as threads, each block's weight gradient summed apart and added in order (thread-count
+///   invariant). With
 ///   bf16/fp16 activations the columns are 16-bit and the GEMM accumulates in fp32
 ///   (kernels/gemm_lowp.hpp: vdpbf16ps where available).
 /// - direct (stride 1, dilation 1): the correlations of kernels/conv_direct.hpp over zero-framed
@@ -552,7 +553,7 @@ class Conv2d {
     return {per, chunks, std::min({chunks, max_chunk_blocks, by_memory})};
   }
   // Calls f(first image, images, columns, block, part, first chunk of its block) for every chunk.
-  // Where there are as many blocks as threads and a column matrix per thread stays under 32 MB,
+  // Where there are at least as many blocks as threads and the column matrices stay under 32 MB,
   // the threads take whole blocks (part: the thread's index, for buffers_[part]); otherwise the
   // blocks run one after another, each GEMM on every thread. prepare(buffers, per, ld) sizes a
   // part's buffers for a chunk of `per` images first, on this thread (from its memory resource).
