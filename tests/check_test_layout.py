@@ -29,6 +29,7 @@ COVERED_ELSEWHERE = {
     "kernels/conv_direct.hpp": (["layers/test_conv_kernels.cpp"], "as above"),
     "kernels/conv_lanes.hpp": (["layers/test_conv_kernels.cpp"], "as above"),
     "kernels/conv_lanes_bf16.hpp": (["layers/test_conv_kernels.cpp"], "as above"),
+    "kernels/gemm_amx.hpp": (["kernels/test_gemm_lowp.cpp"], "the bf16 GEMM's AMX path, against the scalar twin"),
     "kernels/norm_planes.hpp": (["layers/test_batch_norm.cpp", "layers/test_fusion.cpp"],
                                 "BatchNorm over planes, in every activation type"),
     "kernels/transpose.hpp": (["layers/test_conv_kernels.cpp"], "the lane layout's transposes"),

@@ -1,7 +1,8 @@
 // kernels/gemm_lowp.hpp: the mixed-precision GEMM against its scalar twin at every transposition,
 // with the operands stored as the compute type or as fp32, and the kernel report. Also built with
 // -march=x86-64-v2 and -march=x86-64-v3 (xtrain_tests_x86-64-v2, xtrain_tests_x86-64-v3), where
-// the GEMM widens to fp32.
+// the GEMM widens to fp32, and compiled (not run) with -march=sapphirerapids
+// (xtrain_amx_compile_check), where the AMX path is compiled in.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -17,6 +18,10 @@
 #include "xtrain/kernels/convert.hpp"
 #include "xtrain/kernels/gemm_lowp.hpp"
 #include "xtrain/kernels/reference/gemm.hpp"
+
+#if defined(XTRAIN_EXPECT_AMX) && !XTRAIN_HAS_AMX_BF16
+#error "built for AMX (-march=sapphirerapids) but kernels/gemm_amx.hpp did not enable its path"
+#endif
 
 using namespace xtrain;
 using namespace xtrain::test;
@@ -55,8 +60,8 @@ void check_gemm_lowp(std::size_t M, std::size_t N, std::size_t K, Trans ta, Tran
 
 template <class T, class Arch>
 void gemm_lowp_suite() {
-  const std::array<std::size_t, 3> sizes[] = {{1, 1, 1},     {3, 5, 7},     {8, 32, 17},    {32, 32, 784},
-                                              {33, 65, 257}, {9, 40, 1030}, {129, 47, 513}, {2, 1100, 3}};
+  const std::array<std::size_t, 3> sizes[] = {{1, 1, 1},     {3, 5, 7},      {8, 32, 17},  {32, 32, 784}, {33, 65, 257},
+                                              {9, 40, 1030}, {129, 47, 513}, {2, 1100, 3}, {200, 33, 96}};
   for (auto [M, N, K] : sizes)
     for (Trans ta : {Trans::no, Trans::yes})
       for (Trans tb : {Trans::no, Trans::yes}) {
@@ -180,9 +185,18 @@ TEST_CASE("the kernel report names what this build runs", "[kernels][precision]"
   REQUIRE_FALSE(kernels::native_lowp_gemm<bf16>);
   REQUIRE(bf16_gemm.find("emulated") != std::string::npos);
 #endif
+#if XTRAIN_HAS_AMX_BF16
+  // Built for AMX: the tiles run, or the report says why not (and vdpbf16ps runs).
+  if (kernels::amx::usable())
+    REQUIRE(bf16_gemm == "amx (tdpbf16ps)");
+  else
+    REQUIRE(bf16_gemm == "avx512_bf16 (vdpbf16ps); AMX not used: " + kernels::amx::refusal());
+#else
+  REQUIRE_FALSE(kernels::amx::usable());
   if (kernels::native_lowp_gemm<bf16>)
     REQUIRE(bf16_gemm == "avx512_bf16 (vdpbf16ps)");
   else
     REQUIRE(bf16_gemm.find("emulated") != std::string::npos);
+#endif
   REQUIRE((fp16_gemm.find("emulated") != std::string::npos) == (std::string(kernels::fp16_convert_isa()) == "scalar"));
 }

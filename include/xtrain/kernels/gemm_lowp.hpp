@@ -5,10 +5,14 @@
 /// operand may be stored as T (activations) or as fp32 (master weights: rounded to T while
 /// packing, so the weights are never copied to a separate low-precision buffer).
 ///
-/// Two implementations, chosen at compile time:
+/// Implementations, chosen at compile time (and AMX at run time):
+/// - bf16 with AMX (kernels/gemm_amx.hpp; Intel Xeons of 2023 on): `tdpbf16ps` on 16 x 16 fp32
+///   tiles, the B panels below and A as rows of pairs, where the processor and Linux allow it
+///   (`amx::usable()`); 2.5-5x the `vdpbf16ps` rate on a Xeon, where `vdpbf16ps` is no faster than
+///   fp32 FMA.
 /// - bf16 with AVX512_BF16: `vdpbf16ps`, two multiply-adds per fp32 lane per instruction, twice
-///   the fp32 FMA rate. Operands are packed as bf16 pairs along K (B in 32-column panels, A in
-///   8-row panels, or read in place when it is already bf16 and not transposed).
+///   the fp32 FMA rate on AMD Zen 4. Operands are packed as bf16 pairs along K (B in 32-column
+///   panels, A in 8-row panels, or read in place when it is already bf16 and not transposed).
 /// - otherwise (fp16 on any CPU, bf16 without AVX512_BF16): operands are widened to fp32 while
 ///   packing (F16C / AVX-512 conversions where the target has them) and the fp32 micro-kernel of
 ///   kernels/gemm.hpp runs. Correct everywhere, and as fast as fp32, not faster.
@@ -25,6 +29,7 @@
 #include "xtrain/core/precision.hpp"
 #include "xtrain/kernels/convert.hpp"
 #include "xtrain/kernels/gemm.hpp"
+#include "xtrain/kernels/gemm_amx.hpp"
 #include "xtrain/kernels/simd.hpp"
 
 // GCC 12 warns "'__Y' may be used uninitialized" inside its own AVX-512 headers (the
@@ -46,7 +51,11 @@ std::string gemm_kernel_name() {
   if constexpr (std::is_same_v<T, float>) {
     return std::string("fp32 FMA (") + simd::arch_name() + ")";
   } else if constexpr (std::is_same_v<T, bf16>) {
-    if constexpr (native_lowp_gemm<bf16>) return "avx512_bf16 (vdpbf16ps)";
+    if constexpr (native_lowp_gemm<bf16>) {
+      if (amx::usable()) return "amx (tdpbf16ps)";
+      if constexpr (XTRAIN_HAS_AMX_BF16) return "avx512_bf16 (vdpbf16ps); AMX not used: " + std::string(amx::refusal());
+      return "avx512_bf16 (vdpbf16ps)";
+    }
     return std::string("emulated: widened to fp32 (") + simd::arch_name() + "), no AVX512_BF16 in this build";
   } else {
     if (std::string(fp16_convert_isa()) == "scalar")
@@ -102,14 +111,16 @@ inline __m512i interleave(__m256i lo, __m256i hi) noexcept {
 }
 
 /// Pairs ACROSS stored rows: op(X)(k, c) = X[k * ld + c] (B not transposed, or A transposed).
-/// Writes panels of `pw` words per k-pair (pw = nr for B, mr for A) for columns [c0, c0 + width).
+/// Writes panels of `pw` words per k-pair (pw = nr for B, mr for A) for columns [c0, c0 + width),
+/// `kp_rows` pairs per panel (at least (klen + 1) / 2; the pairs past K zero: AMX's whole tiles).
 template <class S>
 void pack_across(const S* X, std::size_t ld, std::size_t k0, std::size_t klen, std::size_t c0, std::size_t width,
-                 std::size_t pw, std::uint32_t* dst) {
+                 std::size_t pw, std::uint32_t* dst, std::size_t kp_rows) {
   const std::size_t kp = (klen + 1) / 2;
   for (std::size_t cp = 0; cp < width; cp += pw) {
     const std::size_t w = std::min(pw, width - cp);
-    std::uint32_t* panel = dst + cp * kp;
+    std::uint32_t* panel = dst + cp * kp_rows;
+    if (kp_rows > kp) std::memset(panel + kp * pw, 0, (kp_rows - kp) * pw * sizeof(std::uint32_t));
     for (std::size_t p = 0; p < kp; ++p) {
       const S* r0 = X + (k0 + 2 * p) * ld + c0 + cp;
       const bool has_hi = 2 * p + 1 < klen;
@@ -152,13 +163,15 @@ inline void transpose16(__m512i r[16]) noexcept {
 /// Pairs ALONG stored rows: op(X)(k, c) = X[c * ld + k] (B transposed, or A not transposed).
 /// 16 columns at a time: each column's 32 values become 16 words in one register, and a 16 x 16
 /// transpose turns them into 16 k-pair rows of the panel.
+/// Panels of `kp_rows` pairs, as pack_across.
 template <class S>
 void pack_along(const S* X, std::size_t ld, std::size_t k0, std::size_t klen, std::size_t c0, std::size_t width,
-                std::size_t pw, std::uint32_t* dst) {
+                std::size_t pw, std::uint32_t* dst, std::size_t kp_rows) {
   const std::size_t kp = (klen + 1) / 2;
   for (std::size_t cp = 0; cp < width; cp += pw) {
     const std::size_t w = std::min(pw, width - cp);
-    std::uint32_t* panel = dst + cp * kp;
+    std::uint32_t* panel = dst + cp * kp_rows;
+    if (kp_rows > kp) std::memset(panel + kp * pw, 0, (kp_rows - kp) * pw * sizeof(std::uint32_t));
     for (std::size_t g = 0; g < pw; g += 16) {
       const std::size_t group = std::min<std::size_t>(16, pw - g);  // columns stored (8 for A panels)
       const __mmask16 store_mask = __mmask16((1u << group) - 1u);
@@ -229,27 +242,12 @@ inline std::uint32_t load_word(const word_unaligned* q) noexcept {
   store_tile(tile, nr, alpha, beta, bias, c, ldc, rows, cols);
 }
 
-/// C tile = alpha * A * B + beta * C (+ bias). C is fp32, or bf16 (TC = bf16: beta must be 0, one
-/// block of K: the fp32 tile is rounded to bf16 as it is stored, as from_float would round it).
-template <bool PackedA, class TC = float>
-inline void micro_kernel(std::size_t kp, const std::uint32_t* __restrict a, const word_unaligned* const* arow,
-                         const std::uint32_t* __restrict b, float alpha, float beta, TC* __restrict c, std::size_t ldc,
-                         std::size_t rows, std::size_t cols, const float* __restrict bias) {
-  prefetch_tile(c, ldc, rows, cols);
-  __m512 acc0[mr], acc1[mr];
-  XTRAIN_UNROLL(8)
-  for (std::size_t r = 0; r < mr; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
-  for (std::size_t p = 0; p < kp; ++p) {
-    const __m512bh b0 = (__m512bh)_mm512_load_si512(b + p * nr);
-    const __m512bh b1 = (__m512bh)_mm512_load_si512(b + p * nr + 16);
-    XTRAIN_UNROLL(8)
-    for (std::size_t r = 0; r < mr; ++r) {
-      const std::uint32_t word = PackedA ? a[p * mr + r] : load_word(arow[r] + p);
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(word));
-      acc0[r] = _mm512_dpbf16_ps(acc0[r], av, b0);
-      acc1[r] = _mm512_dpbf16_ps(acc1[r], av, b1);
-    }
-  }
+/// Stores a register tile: C = alpha * acc + beta * C (+ bias), C fp32, or bf16 (TC = bf16: beta
+/// must be 0; the fp32 tile is rounded to bf16 as it is stored, as from_float would round it).
+template <class TC>
+[[gnu::always_inline]] inline void store_acc(const __m512 (&acc0)[mr], const __m512 (&acc1)[mr], float alpha,
+                                             float beta, TC* __restrict c, std::size_t ldc, std::size_t rows,
+                                             std::size_t cols, const float* __restrict bias) {
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   if constexpr (std::is_same_v<TC, bf16>) {
     assert(beta == 0.0f);
@@ -275,20 +273,138 @@ inline void micro_kernel(std::size_t kp, const std::uint32_t* __restrict a, cons
     store_tile(tile, nr, alpha, 0.0f, bias, out, nr, rows, cols);
     for (std::size_t r = 0; r < rows; ++r)
       for (std::size_t j = 0; j < cols; ++j) c[r * ldc + j] = bf16::from_bits(float_to_bf16_bits(out[r * nr + j]));
-    return;
   } else {
     micro_kernel_store(acc0, acc1, va, vb, alpha, beta, c, ldc, rows, cols, bias);
   }
 }
 
+/// C tile = alpha * A * B + beta * C (+ bias), stored by store_acc.
+template <bool PackedA, class TC = float>
+inline void micro_kernel(std::size_t kp, const std::uint32_t* __restrict a, const word_unaligned* const* arow,
+                         const std::uint32_t* __restrict b, float alpha, float beta, TC* __restrict c, std::size_t ldc,
+                         std::size_t rows, std::size_t cols, const float* __restrict bias) {
+  prefetch_tile(c, ldc, rows, cols);
+  __m512 acc0[mr], acc1[mr];
+  XTRAIN_UNROLL(8)
+  for (std::size_t r = 0; r < mr; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  for (std::size_t p = 0; p < kp; ++p) {
+    const __m512bh b0 = (__m512bh)_mm512_load_si512(b + p * nr);
+    const __m512bh b1 = (__m512bh)_mm512_load_si512(b + p * nr + 16);
+    XTRAIN_UNROLL(8)
+    for (std::size_t r = 0; r < mr; ++r) {
+      const std::uint32_t word = PackedA ? a[p * mr + r] : load_word(arow[r] + p);
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(word));
+      acc0[r] = _mm512_dpbf16_ps(acc0[r], av, b0);
+      acc1[r] = _mm512_dpbf16_ps(acc1[r], av, b1);
+    }
+  }
+  store_acc<TC>(acc0, acc1, alpha, beta, c, ldc, rows, cols, bias);
+}
+
+#if XTRAIN_HAS_AMX_BF16
+/// op(A)'s rows [i0, i0 + mcur) and K [k0, k0 + klen) as AMX's A tiles read them: row r's pairs
+/// at dst + r * kp_rows, zero past K up to kp_rows pairs and for the rows up to a multiple of 16.
+template <class S>
+void pack_rows(Trans ta, const S* A, std::size_t lda, std::size_t i0, std::size_t mcur, std::size_t k0,
+               std::size_t klen, std::size_t kp_rows, std::uint32_t* dst) {
+  const std::size_t mpad = (mcur + 15) / 16 * 16;
+  if (ta == Trans::no) {
+    for (std::size_t r = 0; r < mpad; ++r)
+      for (std::size_t k = 0; k < 2 * kp_rows; k += 32) {
+        const std::size_t n = r < mcur && k < klen ? std::min<std::size_t>(32, klen - k) : 0;
+        const S* row = n ? A + (i0 + r) * lda + k0 + k : nullptr;
+        const __m256i lo = n ? load16(row, n) : _mm256_setzero_si256();
+        const __m256i hi = n > 16 ? load16(row + 16, n - 16) : _mm256_setzero_si256();
+        _mm512_storeu_si512(dst + r * kp_rows + k / 2, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+      }
+    return;
+  }
+  // op(A)(i, k) = A[k * lda + i]: 16 pairs of 16 rows as 16 registers of words, transposed.
+  for (std::size_t g = 0; g < mpad; g += 16) {
+    const std::size_t n = g < mcur ? std::min<std::size_t>(16, mcur - g) : 0;
+    for (std::size_t p0 = 0; p0 < kp_rows; p0 += 16) {
+      __m512i r[16];
+      for (std::size_t q = 0; q < 16; ++q) {
+        const std::size_t k = 2 * (p0 + q);
+        const S* row = n && k < klen ? A + (k0 + k) * lda + i0 + g : nullptr;
+        const __m256i lo = row ? load16(row, n) : _mm256_setzero_si256();
+        const __m256i hi = row && k + 1 < klen ? load16(row + lda, n) : _mm256_setzero_si256();
+        r[q] = interleave(lo, hi);
+      }
+      transpose16(r);
+      for (std::size_t j = 0; j < 16; ++j) _mm512_storeu_si512(dst + (g + j) * kp_rows + p0, r[j]);
+    }
+  }
+}
+
+/// The product on AMX tiles, blocked as gemm below: B panels of 32 columns (the same packing),
+/// A as pack_rows lays it out, 32 x 32 blocks of C (2 x 2 tiles; 16 x 32 for a last strip of 16
+/// rows or fewer) computed into an fp32 block and stored 8 rows at a time by store_acc.
+template <class TA, class TB, class TC>
+void gemm_amx(backend::Workspace& ws, Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float alpha,
+              const TA* A, std::size_t lda, const TB* B, std::size_t ldb, float beta, TC* C, std::size_t ldc,
+              const float* bias) {
+  const auto pad16 = [](std::size_t n) { return (n + 15) / 16 * 16; };
+  const std::size_t kp_max = pad16((std::min(kc, K) + 1) / 2);
+  const std::size_t nc_max = std::min(nc, (N + nr - 1) / nr * nr), mc_max = pad16(std::min(mc, M));
+  std::uint32_t* const bbuf = ws.get<std::uint32_t>(backend::Workspace::Slot::words_b, nc_max * kp_max);
+  std::uint32_t* const abuf = ws.get<std::uint32_t>(backend::Workspace::Slot::words_a, mc_max * kp_max);
+  amx::configure();
+  alignas(64) float block[32 * 32];
+  for (std::size_t j0 = 0; j0 < N; j0 += nc) {
+    const std::size_t ncur = std::min(nc, N - j0);
+    for (std::size_t k0 = 0; k0 < K; k0 += kc) {
+      const std::size_t kcur = std::min(kc, K - k0), kp = pad16((kcur + 1) / 2);
+      const float beta_block = k0 == 0 ? beta : 1.0f;
+      const float* bias_block = k0 == 0 && bias ? bias + j0 : nullptr;
+      if (tb == Trans::no)
+        pack_across(B, ldb, k0, kcur, j0, ncur, nr, bbuf, kp);
+      else
+        pack_along(B, ldb, k0, kcur, j0, ncur, nr, bbuf, kp);
+      for (std::size_t i0 = 0; i0 < M; i0 += mc) {
+        const std::size_t mcur = std::min(mc, M - i0);
+        pack_rows(ta, A, lda, i0, mcur, k0, kcur, kp, abuf);
+        for (std::size_t jr = 0; jr < ncur; jr += nr)
+          for (std::size_t ir = 0; ir < mcur; ir += 32) {
+            const std::size_t rows = std::min<std::size_t>(32, mcur - ir), cols = std::min(nr, ncur - jr);
+            if (rows > 16)
+              amx::block<2>(kp, abuf + ir * kp, kp, bbuf + jr * kp, block);
+            else
+              amx::block<1>(kp, abuf + ir * kp, kp, bbuf + jr * kp, block);
+            const float* bias_tile = bias_block ? bias_block + jr : nullptr;
+            for (std::size_t r0 = 0; r0 < rows; r0 += mr) {
+              __m512 acc0[mr], acc1[mr];
+              XTRAIN_UNROLL(8)
+              for (std::size_t r = 0; r < mr; ++r) {
+                acc0[r] = _mm512_load_ps(block + (r0 + r) * 32);
+                acc1[r] = _mm512_load_ps(block + (r0 + r) * 32 + 16);
+              }
+              store_acc<TC>(acc0, acc1, alpha, beta_block, C + (i0 + ir + r0) * ldc + j0 + jr, ldc,
+                            std::min(mr, rows - r0), cols, bias_tile);
+            }
+          }
+      }
+    }
+  }
+  amx::release();
+}
+#endif
+
 /// The packed blocks live in `ws` (the calling thread's workspace).
 /// C is fp32, or bf16 when K <= kc and beta == 0 (each tile rounded as it is stored).
+/// On AMX (amx::usable()) the product runs on tiles (gemm_amx), else on vdpbf16ps.
 template <class TA, class TB, class TC>
 void gemm(backend::Workspace& ws, Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, float alpha,
           const TA* A, std::size_t lda, const TB* B, std::size_t ldb, float beta, TC* C, std::size_t ldc,
           const float* bias) {
   static_assert(std::is_same_v<TC, float> || std::is_same_v<TC, bf16>);
   assert((std::is_same_v<TC, float> || (K <= kc && beta == 0.0f)));
+#if XTRAIN_HAS_AMX_BF16
+  if (amx::usable()) {
+    gemm_amx(ws, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
+    return;
+  }
+#endif
   const std::size_t kp_max = (std::min(kc, K) + 1) / 2;
   const std::size_t nc_max = std::min(nc, (N + nr - 1) / nr * nr), mc_max = std::min(mc, (M + mr - 1) / mr * mr);
   std::uint32_t* const bbuf = ws.get<std::uint32_t>(backend::Workspace::Slot::words_b, nc_max * kp_max);
@@ -303,18 +419,18 @@ void gemm(backend::Workspace& ws, Trans ta, Trans tb, std::size_t M, std::size_t
       const float beta_block = k0 == 0 ? beta : 1.0f;
       const float* bias_block = k0 == 0 && bias ? bias + j0 : nullptr;  // added with the first block, as beta
       if (tb == Trans::no)
-        pack_across(B, ldb, k0, kcur, j0, ncur, nr, bbuf);
+        pack_across(B, ldb, k0, kcur, j0, ncur, nr, bbuf, kp);
       else
-        pack_along(B, ldb, k0, kcur, j0, ncur, nr, bbuf);
+        pack_along(B, ldb, k0, kcur, j0, ncur, nr, bbuf, kp);
       // bf16 rows of A already hold the words the kernel broadcasts: no packing.
       const bool in_place = std::is_same_v<TA, bf16> && ta == Trans::no && kcur % 2 == 0;
       for (std::size_t i0 = 0; i0 < M; i0 += mc) {
         const std::size_t mcur = std::min(mc, M - i0);
         if (!in_place) {
           if (ta == Trans::yes)
-            pack_across(A, lda, k0, kcur, i0, mcur, mr, abuf);
+            pack_across(A, lda, k0, kcur, i0, mcur, mr, abuf, kp);
           else
-            pack_along(A, lda, k0, kcur, i0, mcur, mr, abuf);
+            pack_along(A, lda, k0, kcur, i0, mcur, mr, abuf, kp);
         }
         for (std::size_t jr = 0; jr < ncur; jr += nr)
           for (std::size_t ir = 0; ir < mcur; ir += mr) {
