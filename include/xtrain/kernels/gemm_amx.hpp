@@ -11,7 +11,8 @@
 ///   XFEATURE_XTILEDATA)`, asked once; Linux 5.16 and later grant it),
 /// - and the environment does not say `XTRAIN_AMX=0` (to compare the two paths in one binary).
 /// Otherwise the bf16 GEMM runs on `vdpbf16ps` (AVX512_BF16, which every AMX processor has) and
-/// `amx_refusal()` says why; the examples print it on their kernel line.
+/// `amx::refusal()` says why (one line on stderr says it too, unless XTRAIN_AMX=0 asked for it);
+/// the examples print it on their kernel line.
 ///
 /// Results: the sums are fp32, in an order of the hardware's choosing within each tile
 /// instruction, so they match the `vdpbf16ps` path to fp32 rounding, not bitwise; the tests
@@ -22,7 +23,12 @@
 #include <cstdint>
 #include <string>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__x86_64__) && defined(__linux__)
+// g++ spells the target macros __AMX_TILE__ / __AMX_BF16__, clang __AMXTILE__ / __AMXBF16__. The
+// path also needs AVX512_BF16 (kernels/convert.hpp's XTRAIN_HAS_AVX512_BF16), which every AMX
+// processor has: the epilogue and the packing are the vdpbf16ps path's.
+#if (defined(__AMX_TILE__) || defined(__AMXTILE__)) && (defined(__AMX_BF16__) || defined(__AMXBF16__)) && \
+    defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) &&  \
+    defined(__x86_64__) && defined(__linux__)
 #define XTRAIN_HAS_AMX_BF16 1
 #else
 #define XTRAIN_HAS_AMX_BF16 0
@@ -50,17 +56,17 @@ inline const std::string& refusal() {
     const char* env = std::getenv("XTRAIN_AMX");
     if (env && std::strcmp(env, "0") == 0) return std::string("XTRAIN_AMX=0 in the environment");
     unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22)))
-      return std::string("this processor has no AMX-TILE/AMX-BF16 (the binary was built for one that has)");
+    std::string reason;
     constexpr long arch_req_xcomp_perm = 0x1023;  // linux/arch/x86/include/uapi/asm/prctl.h
     constexpr long xfeature_xtiledata = 18;
-    if (syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) != 0) {
-      std::string reason = std::string("Linux refused the tile data state (arch_prctl(ARCH_REQ_XCOMP_PERM): ") +
-                           std::strerror(errno) + "; Linux 5.16 or later grants it)";
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22)))
+      reason = "this processor has no AMX-TILE/AMX-BF16 (the binary was built for one that has)";
+    else if (syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) != 0)
+      reason = std::string("Linux refused the tile data state (arch_prctl(ARCH_REQ_XCOMP_PERM): ") +
+               std::strerror(errno) + "; it takes Linux 5.16 or later with AMX enabled)";
+    if (!reason.empty())
       std::fprintf(stderr, "xtrain: AMX not used: %s; bf16 products run on vdpbf16ps instead\n", reason.c_str());
-      return reason;
-    }
-    return std::string();
+    return reason;
   }();
   return why;
 }
@@ -98,6 +104,9 @@ template <int RowTiles>
 inline void block(std::size_t kp, const std::uint32_t* a, std::size_t lda_words, const std::uint32_t* b,
                   float* out) noexcept {
   static_assert(RowTiles == 1 || RowTiles == 2);
+  // g++'s _tile_loadd is an asm that takes the address alone, with no memory operand: a compiler
+  // barrier keeps the packing's stores to a and b before the loads.
+  asm volatile("" ::: "memory");
   const std::size_t a_stride = lda_words * sizeof(std::uint32_t);
   _tile_zero(0);
   _tile_zero(1);
