@@ -43,6 +43,8 @@ COVERED_ELSEWHERE = {
                                 "layers/test_module_parity.cpp"], "the kernels, gradcheck and PyTorch parity"),
     "layers/sharded_unit.hpp": (["parallel/test_sync_sharded.cpp", "profile/test_memory_estimate.cpp"],
                                 "ZeRO-3's units: trained on thread ranks, estimated"),
+    "layers/conv2d_im2col.hpp": (["layers/test_conv_kernels.cpp", "layers/test_conv2d.cpp"],
+                                  "Conv2d's im2col algorithm: the scalar twin, bitwise on 1 and 3 threads"),
     "layers/conv2d_lanes.hpp": (["layers/test_conv_kernels.cpp", "layers/test_fusion.cpp"],
                                 "Conv2d's image_lanes glue"),
     "optim/adam.hpp": (["optim/test_optimizers.cpp"], "Adam, AdamW and SGD against one PyTorch fixture"),

@@ -8,15 +8,9 @@
 /// Three algorithms (`Conv2d::Algorithm`), chosen per layer shape and batch size by measurement
 /// unless set:
 /// - im2col: each group is lowered to GEMMs through im2col (kernels/conv.hpp) on the packed GEMM
-///   of Linear: y_g[out/g, OH*OW] = W_g x col_g; dW_g += dy_g x col_g^T; dx_g = col2im(W_g^T x
-///   dy_g). Images of small planes are put side by side (at most about 2048 columns per GEMM: 10 x
-///   10 planes, batch 64, make 4 GEMMs of 16 images rather than 64 tiny ones). The column matrix is
-///   rebuilt in backward rather than kept, so a layer holds one chunk's columns per thread, not the
-///   batch's. The chunks run in up to 8 blocks, over the threads where there are at least as many
-///   blocks as threads, each block's weight gradient summed apart and added in order (thread-count
-///   invariant). With
-///   bf16/fp16 activations the columns are 16-bit and the GEMM accumulates in fp32
-///   (kernels/gemm_lowp.hpp: vdpbf16ps where available).
+///   of Linear, the batch in chunks of images side by side, in blocks over the threads with
+///   thread-count-invariant sums: layers/conv2d_im2col.hpp. With bf16/fp16 activations the columns
+///   are 16-bit and the GEMM accumulates in fp32 (AMX tiles or vdpbf16ps where available).
 /// - direct (stride 1, dilation 1): the correlations of kernels/conv_direct.hpp over zero-framed
 ///   fp32 copies of each image's planes, images split over the backend's threads; the weight
 ///   gradient is summed over fixed blocks of 8 images, then the blocks in order, so it does not
@@ -58,6 +52,7 @@
 #include "xtrain/kernels/gemm.hpp"
 #include "xtrain/kernels/gemm_lowp.hpp"
 #include "xtrain/kernels/simd.hpp"
+#include "xtrain/layers/conv2d_im2col.hpp"
 #include "xtrain/layers/conv2d_lanes.hpp"
 #include "xtrain/layers/fusion.hpp"
 
@@ -184,7 +179,7 @@ class Conv2d {
                  window_.dilation.w * (window_.kernel.w - 1) + 1, ") does not fit the padded input of ", x.shape(2),
                  " x ", x.shape(3));
     window_ = geometry;
-    const std::size_t n = x.shape(0), plane = window_.out_plane(), og = out_ / groups_, kg = fan_in();
+    const std::size_t n = x.shape(0);
     Tensor<T>& y = y_.get<T>();
     pool_applied_ = std::exchange(fuse_pool_, false) && poolable<T>(n);
     if (pool_applied_)
@@ -201,38 +196,7 @@ class Conv2d {
       return y;
     }
     float* acc = accumulator<T>(y, y.size());
-    const float* bias = has_bias() ? bias_.data() : nullptr;
-    const auto prepare = [&](ChunkBuffers& b, std::size_t per, std::size_t ld) {
-      b.get<T>(0).resize(fan_in() * ld);
-      if (per > 1) b.get<float>(1).resize(og * ld);
-    };
-    for_each_chunk(ctx, n, prepare,
-                   [&](std::size_t s0, std::size_t m, std::size_t ld, std::size_t, std::size_t part, bool) {
-                     for (std::size_t g = 0; g < groups_; ++g) {
-                       const T* cols = columns(x, s0, m, g, ld, part);
-                       const float* wg = weight_.data() + g * og * kg;
-                       if (m == 1) {  // one image: the GEMM writes its planes in place, over the bias
-                         float* yg = acc + (s0 * out_ + g * og) * plane;
-                         for (std::size_t o = 0; o < og; ++o)
-                           std::fill(yg + o * plane, yg + (o + 1) * plane, bias ? bias[g * og + o] : 0.0f);
-                         kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::no, og, plane, kg, wg, kg, cols, ld,
-                                             bias ? 1.0f : 0.0f, yg, plane, ctx.executor);
-                         continue;
-                       }
-                       // Several images side by side: y_g[og, m * plane], then each image's planes to its place.
-                       Buffer<float>& out = buffers_[part].get<float>(1);
-                       out.resize(og * ld);
-                       kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::no, og, ld, kg, wg, kg, cols, ld, 0.0f,
-                                           out.data(), ld, ctx.executor);
-                       for (std::size_t j = 0; j < m; ++j)
-                         for (std::size_t o = 0; o < og; ++o) {
-                           const float* src = out.data() + o * ld + j * plane;
-                           float* dst = acc + ((s0 + j) * out_ + g * og + o) * plane;
-                           const float b = bias ? bias[g * og + o] : 0.0f;
-                           for (std::size_t i = 0; i < plane; ++i) dst[i] = src[i] + b;
-                         }
-                     }
-                   });
+    im2col_.forward(ctx, this->geometry(), weight_.data(), has_bias() ? bias_.data() : nullptr, x, acc);
     if constexpr (!std::is_same_v<T, float>) kernels::from_float(acc, y.data(), y.size(), ctx.executor);
     return y;
   }
@@ -242,7 +206,7 @@ class Conv2d {
   template <ActivationType T>
   const Tensor<T>& backward(Context& ctx, const Tensor<T>& dy) {
     const Tensor<T>& x = x_.get<T>(*this);
-    const std::size_t n = x.shape(0), plane = window_.out_plane(), og = out_ / groups_, kg = fan_in();
+    const std::size_t n = x.shape(0), plane = window_.out_plane();
     const Shape expected =
         pool_applied_ ? Shape{n, out_, window_.oh / 2, window_.ow / 2} : Shape{n, out_, window_.oh, window_.ow};
     XTRAIN_CHECK(dy.shape() == expected, ShapeError, describe(), ": gradient has shape ", dy.shape().str(),
@@ -269,45 +233,7 @@ class Conv2d {
       backward_lanes(ctx, x, dy, input_grad ? dx.data() : nullptr);
       return dx;
     }
-    const std::size_t cg = in_ / groups_, wsize = weight_.size(), blocks = chunking(n).blocks;
-    if (blocks > 1) partials_.resize(blocks * wsize);  // (one block: added into the gradient itself)
-    const auto prepare = [&](ChunkBuffers& b, std::size_t per, std::size_t ld) {
-      b.get<T>(0).resize(fan_in() * ld);
-      if (per > 1) b.get<T>(1).resize(og * ld);
-      if (input_grad) b.dcol.resize(kg * ld);
-    };
-    for_each_chunk(ctx, n, prepare,
-                   [&](std::size_t s0, std::size_t m, std::size_t ld, std::size_t block, std::size_t part, bool first) {
-                     ChunkBuffers& own = buffers_[part];
-                     // The weight gradient of the chunk's block, written by its first chunk.
-                     float* partial = blocks > 1 ? partials_.data() + block * wsize : weight_.grad();
-                     const float beta = blocks > 1 && first ? 0.0f : 1.0f;
-                     for (std::size_t g = 0; g < groups_; ++g) {
-                       const T* cols = columns(x, s0, m, g, ld, part);
-                       // dy_g of the chunk as [og, m * plane] (one image: dy itself).
-                       const T* dyg = dy.data() + (s0 * out_ + g * og) * plane;
-                       if (m > 1) {
-                         Buffer<T>& side = own.get<T>(1);
-                         side.resize(og * ld);
-                         for (std::size_t j = 0; j < m; ++j)
-                           for (std::size_t o = 0; o < og; ++o)
-                             std::copy_n(dy.data() + ((s0 + j) * out_ + g * og + o) * plane, plane,
-                                         side.data() + o * ld + j * plane);
-                         dyg = side.data();
-                       }
-                       const float* wg = weight_.data() + g * og * kg;
-                       kernels::gemm_as<T>(kernels::Trans::no, kernels::Trans::yes, og, kg, ld, dyg, ld, cols, ld, beta,
-                                           partial + g * og * kg, kg, ctx.executor);
-                       if (!input_grad) continue;
-                       own.dcol.resize(kg * ld);
-                       kernels::gemm_as<T>(kernels::Trans::yes, kernels::Trans::no, kg, ld, og, wg, kg, dyg, ld, 0.0f,
-                                           own.dcol.data(), ld, ctx.executor);
-                       for (std::size_t j = 0; j < m; ++j)
-                         kernels::col2im(own.dcol.data() + j * plane, cg, window_,
-                                         dx_acc + ((s0 + j) * in_ + g * cg) * window_.in_plane(), ld);
-                     }
-                   });
-    if (blocks > 1) add_partials(blocks);
+    im2col_.backward(ctx, geometry(), weight_.data(), weight_.grad(), x, dy, dx_acc);
     if constexpr (!std::is_same_v<T, float>)
       if (input_grad) kernels::from_float(dx_acc, dx.data(), dx.size(), ctx.executor);
     return dx;
@@ -533,84 +459,8 @@ class Conv2d {
     add_partials(blocks);
   }
 
-  // im2col cuts a batch of n images into chunks of `per` images side by side, at most about 2048
-  // GEMM columns each (small planes: one GEMM instead of many tiny ones; one image when its plane
-  // alone is that wide; the chunks as equal as whole images allow), and the chunks into `blocks`
-  // runs of consecutive chunks (at most 8, fewer where a weight gradient per block would pass 16
-  // MB), each block's weight gradient summed apart, then added in order. All of it depends on the
-  // batch and the layer alone, never on the threads, so the sums are the same on any thread count.
-  static constexpr std::size_t max_chunk_blocks = 8;
-  struct Chunking {
-    std::size_t per = 1, chunks = 0, blocks = 0;
-  };
-  Chunking chunking(std::size_t n) const noexcept {
-    if (n == 0) return {};
-    const std::size_t plane = std::max<std::size_t>(1, window_.out_plane());
-    const std::size_t wanted = std::max<std::size_t>(1, (n * plane + 2047) / 2048);
-    const std::size_t per = (n + wanted - 1) / wanted, chunks = (n + per - 1) / per;
-    const std::size_t by_memory =
-        std::max<std::size_t>(1, (std::size_t{4} << 20) / std::max<std::size_t>(1, weight_.size()));
-    return {per, chunks, std::min({chunks, max_chunk_blocks, by_memory})};
-  }
-  // Calls f(first image, images, columns, block, part, first chunk of its block) for every chunk.
-  // Where there are at least as many blocks as threads and the column matrices stay under 32 MB,
-  // the threads take whole blocks (part: the thread's index, for buffers_[part]); otherwise the
-  // blocks run one after another, each GEMM on every thread. prepare(buffers, per, ld) sizes a
-  // part's buffers for a chunk of `per` images first, on this thread (from its memory resource).
-  template <class Prepare, class F>
-  void for_each_chunk(Context& ctx, std::size_t n, Prepare&& prepare, F&& f) {
-    const Chunking k = chunking(n);
-    const std::size_t plane = window_.out_plane(), threads = backend::threads_of(ctx.executor);
-    const bool split = threads > 1 && k.blocks >= threads &&
-                       threads * fan_in() * k.per * plane <= (std::size_t{8} << 20);  // floats: 32 MB
-    const std::size_t parts = split ? threads : 1;
-    if (buffers_.size() < parts) buffers_.resize(parts);
-    for (std::size_t p = 0; p < parts; ++p) prepare(buffers_[p], k.per, k.per * plane);
-    const auto blocks = [&](std::size_t begin, std::size_t end, std::size_t part) {
-      for (std::size_t b = begin; b < end; ++b)
-        for (std::size_t c = k.chunks * b / k.blocks; c < k.chunks * (b + 1) / k.blocks; ++c) {
-          const std::size_t s0 = c * k.per, m = std::min(k.per, n - s0);
-          f(s0, m, m * plane, b, part, c == k.chunks * b / k.blocks);
-        }
-    };
-    if (split)
-      backend::parallel_for(ctx.executor, k.blocks, 1, 1, blocks);
-    else
-      blocks(0, k.blocks, 0);
-  }
-
-  // The column matrix of images [s0, s0 + m), group g, side by side (rows `ld` apart), in this
-  // layer's buffer of the activation type.
-  template <class T>
-  const T* columns(const Tensor<T>& x, std::size_t s0, std::size_t m, std::size_t g, std::size_t ld, std::size_t part) {
-    const std::size_t cg = in_ / groups_;
-    Buffer<T>& col = buffers_[part].get<T>(0);
-    col.resize(fan_in() * ld);
-    for (std::size_t j = 0; j < m; ++j)
-      kernels::im2col(x.data() + ((s0 + j) * in_ + g * cg) * window_.in_plane(), cg, window_,
-                      col.data() + j * window_.out_plane(), ld);
-    return col.data();
-  }
-
   template <class T>
   using Buffer = std::vector<T, memory::Allocator<T>>;  // counted: memory::counters()
-
-  // One thread's im2col buffers. get<T>(0): the column matrix; get<T>(1): the chunk's output
-  // (fp32) or output gradient (type T). dcol: the columns' gradient.
-  struct ChunkBuffers {
-    Buffer<float> f32[2], dcol;
-    Buffer<bf16> b16[2];
-    Buffer<fp16> f16[2];
-    template <class T>
-    Buffer<T>& get(int which) noexcept {
-      if constexpr (std::is_same_v<T, float>)
-        return f32[which];
-      else if constexpr (std::is_same_v<T, bf16>)
-        return b16[which];
-      else
-        return f16[which];
-    }
-  };
 
   // fp32: the GEMM writes the output itself; bf16/fp16: an fp32 accumulator of the layer.
   template <class T>
@@ -647,11 +497,11 @@ class Conv2d {
   Param weight_, bias_;
   SavedInput x_;
   ActivationBuffers y_, dx_;
-  std::vector<ChunkBuffers> buffers_;  // im2col: each thread's buffers
-  Buffer<float> dcol_, acc_;           // a row of the bias gradient (16-bit runs); fp32 accumulator (16-bit runs)
-  Buffer<float> partials_, flipped_;   // direct, image_lanes: each block's weight gradient; the flipped kernel
-  detail::ImageLanes lanes_;           // image_lanes: its state (the bf16-paired weights)
-  Buffer<float> bias_partials_;        // image_lanes, fp32 products: each group's bias sums
+  detail::Im2col im2col_;             // im2col: its buffers and weight-gradient partials
+  Buffer<float> dcol_, acc_;          // a row of the bias gradient (16-bit runs); fp32 accumulator (16-bit runs)
+  Buffer<float> partials_, flipped_;  // direct, image_lanes: each block's weight gradient; the flipped kernel
+  detail::ImageLanes lanes_;          // image_lanes: its state (the bf16-paired weights)
+  Buffer<float> bias_partials_;       // image_lanes, fp32 products: each group's bias sums
   std::vector<std::uint8_t, memory::Allocator<std::uint8_t>> pool_index_;  // a pool taken: argmaxes
   bool fuse_pool_ = false, pool_relu_ = false, pool_applied_ = false;
   Buffer<float> transposed_;  // direct by output channels: the weights [c][tap][o], then the bias
