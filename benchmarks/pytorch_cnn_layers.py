@@ -25,7 +25,7 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 import cnn_models  # noqa: E402
-import fashion_mnist  # noqa: E402
+import pytorch_cnn  # noqa: E402  (its load: the images as [N, 1, 28, 28] tensors)
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
@@ -46,9 +46,7 @@ def main():
     a = p.parse_args()
     torch.manual_seed(a.seed)
     torch.set_num_threads(1)
-    x_all, y_all = fashion_mnist.load(a.data, "train")
-    x_all = torch.from_numpy(x_all).reshape(-1, 1, 28, 28)
-    y_all = torch.from_numpy(y_all)
+    x_all, y_all = pytorch_cnn.load(a.data, "train")
     model = cnn_models.MODELS[a.model](int(y_all.max()) + 1)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
