@@ -13,6 +13,8 @@ import sys
 # Header (relative to include/xtrain) -> (the test files that cover it, why not a file of its own).
 COVERED_ELSEWHERE = {
     "backend/cpu.hpp": (["backend/test_thread_pool.cpp"], "CpuThreads' trainings bitwise on 1-3 threads"),
+    "backend/cuda.hpp": (["cuda/test_cuda.cu", "compile_fail/cuda_backend_on_host.cpp"],
+                         "on a GPU against the CPU (skipped without one); the host compiler's message"),
     "backend/executor.hpp": (["backend/test_thread_pool.cpp"], "parallel_for's splits, Serial"),
     "backend/topology.hpp": (["backend/test_thread_pool.cpp"], "the thread-count rules"),
     "backend/workspace.hpp": (["backend/test_thread_pool.cpp", "core/test_memory.cpp"],
@@ -29,6 +31,8 @@ COVERED_ELSEWHERE = {
     "kernels/conv_direct.hpp": (["layers/test_conv_kernels.cpp"], "as above"),
     "kernels/conv_lanes.hpp": (["layers/test_conv_kernels.cpp"], "as above"),
     "kernels/conv_lanes_bf16.hpp": (["layers/test_conv_kernels.cpp"], "as above"),
+    "kernels/cuda_gemm.hpp": (["cuda/test_cuda.cu", "kernels/test_device_ops.cpp"],
+                              "cuBLASLt against the CPU GEMM on a GPU; the row-major mapping everywhere"),
     "kernels/gemm_amx.hpp": (["kernels/test_gemm_lowp.cpp"], "the bf16 GEMM's AMX path, against the scalar twin"),
     "kernels/norm_planes.hpp": (["layers/test_batch_norm.cpp", "layers/test_fusion.cpp"],
                                 "BatchNorm over planes, in every activation type"),
@@ -67,6 +71,8 @@ COVERED_ELSEWHERE = {
                                "what every mode shares: readiness through the buckets"),
     "parallel/tree_sum.hpp": (["parallel/test_sync_tree.cpp"], "the deterministic reduction"),
     "precision/cast.hpp": (["precision/test_mixed_precision.cpp"], "the casts around a model"),
+    "train/cuda_program.hpp": (["cuda/test_cuda.cu"], "the MLP on a GPU against the CPU Engine (skipped without one)"),
+    "train/engine_cuda.hpp": (["cuda/test_cuda.cu"], "Trainer<..., backend::Cuda> against the CPU Trainer, checkpoints both ways"),
     "train/metrics.hpp": (["train/test_trainer.cpp"], "plain structs the Trainer fills"),
     "train/options.hpp": (["train/test_policies.cpp"], "one options type for the Trainer and the Accelerator"),
 }

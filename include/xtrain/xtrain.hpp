@@ -3,6 +3,7 @@
 /// Umbrella header: everything but opt-in heavy leaves (MPI).
 
 #include "xtrain/backend/cpu.hpp"
+#include "xtrain/backend/cuda.hpp"
 #include "xtrain/core/concepts.hpp"
 #include "xtrain/core/context.hpp"
 #include "xtrain/core/error.hpp"
@@ -23,6 +24,7 @@
 #include "xtrain/data/text.hpp"
 #include "xtrain/kernels/attention.hpp"
 #include "xtrain/kernels/conv.hpp"
+#include "xtrain/kernels/device_ops.hpp"
 #include "xtrain/kernels/elementwise.hpp"
 #include "xtrain/kernels/gemm.hpp"
 #include "xtrain/layers/activations.hpp"

@@ -44,6 +44,13 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
+/// A GPU, its driver or the CUDA runtime failed (no GPU or driver, device memory full, a kernel
+/// that could not run): the message names the operation and CUDA's reason.
+class DeviceError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// The exit codes of xtrain programs, what a launcher (scripts/xtrain-run) or a Slurm script
 /// decides on. A process killed by signal N shows as 128 + N.
 namespace exit_code {

@@ -135,7 +135,16 @@ class BatchNorm {
   std::span<const float> running_var() const noexcept { return {running_var_.data(), features_}; }
   std::int64_t num_batches_tracked() const noexcept { return num_batches_tracked_; }
   std::size_t features() const noexcept { return features_; }
-  std::string describe() const { return (sync_ ? "SyncBatchNorm" : name()) + ("(" + std::to_string(features_) + ")"); }
+  float momentum() const noexcept { return momentum_; }
+  float eps() const noexcept { return eps_; }
+  std::string describe() const {
+    // Appended piece by piece: g++ 12 warns falsely (stringop-overflow) on "(" + std::to_string(...) here.
+    std::string s = sync_ ? std::string("SyncBatchNorm") : name();
+    s += '(';
+    s += std::to_string(features_);
+    s += ')';
+    return s;
+  }
 
  private:
   // bf16/fp16: widens `in` into a tensor of the thread's workspace, runs f(in32, out32) with a

@@ -299,6 +299,9 @@ class MaxPool2d {
   template <class V>
   void visit(V&) {}
 
+  /// Its kernel, stride, padding and dilation (the input plane: of the last forward).
+  const kernels::Window& window() const noexcept { return window_; }
+
   std::string describe() const {
     std::string s = "MaxPool2d(kernel_size=" + window_.kernel.str() + ", stride=" + window_.stride.str() +
                     ", padding=" + window_.padding.str();

@@ -52,6 +52,8 @@ class AdamBase {
   }
   float beta1() const noexcept { return beta1_; }
   float beta2() const noexcept { return beta2_; }
+  float eps() const noexcept { return eps_; }
+  float weight_decay() const noexcept { return weight_decay_; }
 
   State init(std::size_t n) const {
     State s;

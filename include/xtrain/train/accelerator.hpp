@@ -28,9 +28,11 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "xtrain/backend/cuda.hpp"
 #include "xtrain/data/loader.hpp"
 #include "xtrain/parallel/agreement.hpp"
 #include "xtrain/parallel/communicator.hpp"
@@ -51,6 +53,8 @@ namespace xtrain {
 template <class PrecisionPolicy = FullPrecision, class Communicator = parallel::SingleProcess,
           class Backend = backend::Cpu>
 class Accelerator {
+  static_assert(!std::is_same_v<Backend, backend::Cuda>,
+                "xtrain: the Accelerator does not run on backend::Cuda yet: use Trainer<..., backend::Cuda>");
   static_assert(check_policies<PrecisionPolicy, Communicator, Backend>());
 
  public:

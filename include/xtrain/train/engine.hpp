@@ -318,6 +318,15 @@ class Engine {
   double last_loss_sum() const noexcept { return metrics_.loss_sum; }
   std::size_t last_correct() const noexcept { return metrics_.correct; }
   std::size_t last_terms() const noexcept { return metrics_.terms; }
+  /// Adds the last micro-step's loss sum, correct predictions and terms to sums[0..2] (the
+  /// Trainer's epoch sums); flush_step_metrics has nothing to add here (a GPU engine sums on the
+  /// device and adds its sums there).
+  void add_step_metrics(double* sums) const noexcept {
+    sums[0] += metrics_.loss_sum;
+    sums[1] += static_cast<double>(metrics_.correct);
+    sums[2] += static_cast<double>(metrics_.terms);
+  }
+  void flush_step_metrics(double* /*sums*/) noexcept {}
   /// The parameter groups (the default one first) with the multipliers in force.
   const std::vector<optim::GroupScales>& param_groups() const noexcept { return groups_.scales(); }
   /// The gradient synchronisation's time and gradient buckets.
@@ -567,3 +576,7 @@ class Engine {
 };
 
 }  // namespace xtrain
+
+#if defined(__CUDACC__)
+#include "xtrain/train/engine_cuda.hpp"  // Engine on backend::Cuda
+#endif

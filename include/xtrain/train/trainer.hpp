@@ -107,9 +107,7 @@ class Trainer {
         const std::uint64_t before = engine_.step();
         [[maybe_unused]] StepResult r =
             engine_.micro_step(batch.x, batch.y, batch.global_offset, batch.global_count, k + 1 == batches);
-        sums[0] += engine_.last_loss_sum();
-        sums[1] += static_cast<double>(engine_.last_correct());
-        sums[2] += static_cast<double>(engine_.last_terms());
+        engine_.add_step_metrics(sums);  // (a GPU engine sums on the device: flushed below)
         sums[3] += static_cast<double>(batch.size());
         batch_in_epoch_ = k + 1;
         if (engine_.step() != before) {
@@ -138,6 +136,7 @@ class Trainer {
       const auto& stats = engine_.comm_stats();
       m.comm_wait_seconds = stats.waiting_seconds;
       m.comm_overlap_seconds = stats.overlap_seconds;
+      engine_.flush_step_metrics(sums);
       communicator().allreduce_sum(std::span<double>(sums, 4), "epoch training metrics");
       m.epoch = epoch;
       m.epochs = epochs;
@@ -231,6 +230,7 @@ class Trainer {
   /// and optimizer state beside it: `dir` must be on a filesystem every rank reaches). Rank 0's
   /// BatchNorm statistics are saved (broadcast first).
   void save_state(const std::string& dir) {
+    engine_.flush_step_metrics(epoch_sums_);
     checkpoint::Position p;
     p.epoch = epoch_;
     p.samples_in_epoch = batch_in_epoch_ * global_batch_size();

@@ -1,0 +1,108 @@
+#pragma once
+/// \file cuda_gemm.hpp
+/// Matrix products on a backend::Cuda GPU (nvcc only): row-major fp32 through cuBLASLt.
+
+#if !defined(__CUDACC__)
+#error "xtrain/kernels/cuda_gemm.hpp is compiled by nvcc (a .cu file, or CMake's LANGUAGE CUDA)"
+#endif
+
+#include <cublasLt.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+#include "xtrain/backend/cuda.hpp"
+#include "xtrain/kernels/device_ops.hpp"
+
+namespace xtrain::kernels::cuda {
+
+using backend::Cuda;
+using backend::cuda::check;
+
+/// Row-major fp32 products through cuBLASLt with fp32 arithmetic (CUBLAS_COMPUTE_32F: no TF32):
+/// C[m, n] = alpha op(A) op(B) + beta C (+ bias
+/// over C's columns, in the product's epilogue). A plan (descriptors and algorithm) is made once
+/// per shape and kept: later calls allocate nothing and choose the same algorithm.
+class Gemm {
+ public:
+  Gemm() = default;
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+  ~Gemm() {
+    for (auto& [key, plan] : plans_) plan.destroy();
+  }
+
+  void run(Cuda& gpu, const device::RowMajorGemm& shape, const float* a, const float* b, float* c, float alpha,
+           float beta, const float* bias = nullptr) {
+    const device::ColumnMajorGemm cm = device::column_major(shape);
+    Plan& plan = plan_for(gpu, cm, bias != nullptr);
+    if (bias)
+      check(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+            "setting the bias");
+    // Column-major: C^T = op(B)^T op(A)^T, so B is the first operand.
+    check(cublasLtMatmul(gpu.blas(), plan.op, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c, plan.c, &plan.algo,
+                         gpu.blas_workspace(), Cuda::blas_workspace_bytes, gpu.stream()),
+          "matrix product");
+  }
+
+ private:
+  struct Plan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    void destroy() noexcept {
+      if (op) (void)cublasLtMatmulDescDestroy(op);
+      if (a) (void)cublasLtMatrixLayoutDestroy(a);
+      if (b) (void)cublasLtMatrixLayoutDestroy(b);
+      if (c) (void)cublasLtMatrixLayoutDestroy(c);
+    }
+  };
+  using Key =
+      std::tuple<bool, bool, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, bool>;
+
+  Plan& plan_for(Cuda& gpu, const device::ColumnMajorGemm& s, bool bias) {
+    const Key key{s.trans_first, s.trans_second, s.m, s.n, s.k, s.ld_first, s.ld_second, s.ldc, bias};
+    if (auto it = plans_.find(key); it != plans_.end()) return it->second;
+    Plan p;
+    check(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "creating a matmul descriptor");
+    const cublasOperation_t ta = s.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t tb = s.trans_second ? CUBLAS_OP_T : CUBLAS_OP_N;
+    check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "transposition");
+    check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transposition");
+    if (bias) {
+      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+            "bias epilogue");
+    }
+    // Stored shapes (before op): the first operand is m x k (k x m transposed), the second k x n.
+    check(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, s.trans_first ? s.k : s.m, s.trans_first ? s.m : s.k,
+                                     static_cast<std::int64_t>(s.ld_first)),
+          "layout");
+    check(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, s.trans_second ? s.n : s.k, s.trans_second ? s.k : s.n,
+                                     static_cast<std::int64_t>(s.ld_second)),
+          "layout");
+    check(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, s.m, s.n, static_cast<std::int64_t>(s.ldc)), "layout");
+    cublasLtMatmulPreference_t pref = nullptr;
+    check(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    const std::size_t ws = Cuda::blas_workspace_bytes;
+    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
+          "workspace size");
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(gpu.blas(), p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+    (void)cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+      p.destroy();
+      check(st == CUBLAS_STATUS_SUCCESS ? CUBLAS_STATUS_NOT_SUPPORTED : st, "no algorithm for this matrix product");
+    }
+    p.algo = result.algo;
+    return plans_.emplace(key, p).first->second;
+  }
+
+  std::map<Key, Plan> plans_;
+};
+
+}  // namespace xtrain::kernels::cuda

@@ -1,0 +1,505 @@
+#pragma once
+/// \file device_ops.hpp
+/// The bodies of the CUDA backend's kernels, written once for both compilers. Each body is a
+/// struct of plain pointers and sizes with `count()` (the threads it needs) and
+/// `operator()(i)` (what thread i computes); backend/cuda.hpp launches it over a grid, and the
+/// host runs it as a loop (`run_on_host`), which is how the tests check every body against the
+/// CPU layers on a machine without a GPU. Under nvcc the bodies are `__host__ __device__`.
+///
+/// Determinism: no body uses atomics; a sum over rows runs in one thread, in row order (the
+/// CPU kernels' order), so the same inputs give the same bits on every run.
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define XTRAIN_HD __host__ __device__
+#else
+#define XTRAIN_HD
+#endif
+
+namespace xtrain::kernels::device {
+
+/// Runs body(i) for every i in [0, body.count()) on the calling thread.
+template <class Body>
+void run_on_host(const Body& body) {
+  const std::size_t n = body.count();
+  for (std::size_t i = 0; i < n; ++i) body(i);
+}
+
+/// y = max(x, 0) (+0 for NaN and -0, as the CPU's vmaxps).
+struct ReluForward {
+  const float* x;
+  float* y;
+  std::size_t n;
+  XTRAIN_HD std::size_t count() const { return n; }
+  XTRAIN_HD void operator()(std::size_t i) const { y[i] = x[i] > 0.0f ? x[i] : 0.0f; }
+};
+
+/// dx = dy where y > 0, else 0.
+struct ReluBackward {
+  const float* y;
+  const float* dy;
+  float* dx;
+  std::size_t n;
+  XTRAIN_HD std::size_t count() const { return n; }
+  XTRAIN_HD void operator()(std::size_t i) const { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
+};
+
+/// out[j] (+)= sum over the rows of x[r, j] (a Linear layer's bias gradient), in fp32, rows in
+/// order (as kernels::column_sums). One thread per column.
+struct ColumnSums {
+  const float* x;
+  float* out;
+  std::size_t rows, cols;
+  bool accumulate;
+  XTRAIN_HD std::size_t count() const { return cols; }
+  XTRAIN_HD void operator()(std::size_t j) const {
+    float acc = accumulate ? out[j] : 0.0f;
+    for (std::size_t r = 0; r < rows; ++r) acc += x[r * cols + j];
+    out[j] = acc;
+  }
+};
+
+/// BatchNorm over [rows, cols] rows (BatchNorm1d on [N, C]): the statistics of feature j.
+/// Training: mean and 1/sqrt(var + eps) of the batch (sums in double, rows in order, the biased
+/// variance) and the running estimates updated with the unbiased one (PyTorch's); `tracked`
+/// (num_batches_tracked) counts the batch. Evaluation: from the running estimates.
+struct BatchNormStatistics {
+  const float* x;
+  float *mean, *invstd, *running_mean, *running_var;
+  std::int64_t* tracked;
+  std::size_t rows, cols;
+  float momentum, eps;
+  bool training;
+  XTRAIN_HD std::size_t count() const { return cols; }
+  XTRAIN_HD void operator()(std::size_t j) const {
+    if (!training) {
+      mean[j] = running_mean[j];
+      invstd[j] = 1.0f / std::sqrt(running_var[j] + eps);
+      return;
+    }
+    double sum = 0.0;
+    for (std::size_t r = 0; r < rows; ++r) sum += static_cast<double>(x[r * cols + j]);
+    const double total = static_cast<double>(rows);
+    const float m = static_cast<float>(sum / total);
+    double ssd = 0.0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      const double d = static_cast<double>(x[r * cols + j]) - static_cast<double>(m);
+      ssd += d * d;
+    }
+    mean[j] = m;
+    invstd[j] = static_cast<float>(1.0 / std::sqrt(ssd / total + static_cast<double>(eps)));
+    running_mean[j] = (1.0f - momentum) * running_mean[j] + momentum * m;
+    running_var[j] = (1.0f - momentum) * running_var[j] + momentum * static_cast<float>(ssd / (total - 1));
+    if (j == 0) ++*tracked;
+  }
+};
+
+/// xhat = (x - mean) * invstd, y = gamma * xhat + beta (max(y, 0) with `relu`), per element.
+struct BatchNormNormalize {
+  const float *x, *mean, *invstd, *gamma, *beta;
+  float *xhat, *y;
+  std::size_t rows, cols;
+  bool relu;
+  XTRAIN_HD std::size_t count() const { return rows * cols; }
+  XTRAIN_HD void operator()(std::size_t i) const {
+    const std::size_t j = i % cols;
+    const float v = (x[i] - mean[j]) * invstd[j];
+    xhat[i] = v;
+    const float out = gamma[j] * v + beta[j];
+    y[i] = relu ? (out > 0.0f ? out : 0.0f) : out;
+  }
+};
+
+/// BatchNorm's backward sums for feature j (training): dgamma += sum(dy * xhat), dbeta +=
+/// sum(dy) (dy masked by the fused ReLU's output `relu_out` > 0 when given), and the
+/// coefficients of dx = scale * (dy - mean_dy - xhat * mean_dy_xhat).
+struct BatchNormBackwardSums {
+  const float *dy, *xhat, *relu_out, *gamma, *invstd;
+  float *grad_gamma, *grad_beta, *scale, *mean_dy, *mean_dy_xhat;
+  std::size_t rows, cols;
+  XTRAIN_HD std::size_t count() const { return cols; }
+  XTRAIN_HD void operator()(std::size_t j) const {
+    double sum_dy = 0.0, sum_dy_xhat = 0.0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      const std::size_t i = r * cols + j;
+      const float d = relu_out && !(relu_out[i] > 0.0f) ? 0.0f : dy[i];
+      sum_dy += static_cast<double>(d);
+      sum_dy_xhat += static_cast<double>(d) * static_cast<double>(xhat[i]);
+    }
+    grad_gamma[j] += static_cast<float>(sum_dy_xhat);
+    grad_beta[j] += static_cast<float>(sum_dy);
+    const double total = static_cast<double>(rows);
+    mean_dy[j] = static_cast<float>(sum_dy / total);
+    mean_dy_xhat[j] = static_cast<float>(sum_dy_xhat / total);
+    scale[j] = gamma[j] * invstd[j];
+  }
+};
+
+/// dx = scale * (dy - mean_dy - xhat * mean_dy_xhat) per element (dy masked as above).
+struct BatchNormInputGrad {
+  const float *dy, *xhat, *relu_out, *scale, *mean_dy, *mean_dy_xhat;
+  float* dx;
+  std::size_t rows, cols;
+  XTRAIN_HD std::size_t count() const { return rows * cols; }
+  XTRAIN_HD void operator()(std::size_t i) const {
+    const std::size_t j = i % cols;
+    const float d = relu_out && !(relu_out[i] > 0.0f) ? 0.0f : dy[i];
+    dx[i] = scale[j] * (d - mean_dy[j] - xhat[i] * mean_dy_xhat[j]);
+  }
+};
+
+/// What a training run sums on the device between two reads by the host.
+struct Metrics {
+  double loss_sum = 0.0;        ///< sum of the per-sample losses
+  std::int64_t correct = 0;     ///< correct argmax predictions
+  std::int64_t samples = 0;     ///< samples summed
+  std::int64_t bad_labels = 0;  ///< labels outside [0, classes) (their rows add nothing)
+  float last_loss = 0.0f;       ///< the last step's loss (sum / normaliser)
+};
+
+/// Cross-entropy with log-softmax over the rows of `logits` [rows, classes] (one thread per
+/// row): grad = (softmax - onehot) * scale, row_loss[r] = logsumexp - logit[label], row_correct[r]
+/// = argmax == label (the first maximum, as the CPU loss). A label outside [0, classes) gives a
+/// zero row and row_correct -1.
+struct SoftmaxCrossEntropy {
+  const float* logits;
+  const std::int32_t* labels;
+  float* grad;
+  double* row_loss;
+  std::int32_t* row_correct;
+  std::size_t rows, classes;
+  float scale;
+  XTRAIN_HD std::size_t count() const { return rows; }
+  XTRAIN_HD void operator()(std::size_t r) const {
+    const float* z = logits + r * classes;
+    float* g = grad + r * classes;
+    const std::int32_t y = labels[r];
+    if (y < 0 || static_cast<std::size_t>(y) >= classes) {
+      for (std::size_t j = 0; j < classes; ++j) g[j] = 0.0f;
+      row_loss[r] = 0.0;
+      row_correct[r] = -1;
+      return;
+    }
+    std::size_t argmax = 0;
+    for (std::size_t j = 1; j < classes; ++j)
+      if (z[j] > z[argmax]) argmax = j;
+    const float m = z[argmax];
+    float sum = 0.0f;
+    for (std::size_t j = 0; j < classes; ++j) {
+      const float e = std::exp(z[j] - m);
+      g[j] = e;
+      sum += e;
+    }
+    row_loss[r] = static_cast<double>(m) + std::log(static_cast<double>(sum)) - static_cast<double>(z[y]);
+    const float inv = scale / sum;
+    for (std::size_t j = 0; j < classes; ++j) g[j] *= inv;
+    g[y] -= scale;
+    row_correct[r] = argmax == static_cast<std::size_t>(y) ? 1 : 0;
+  }
+};
+
+/// Adds the rows' losses and hits to `metrics` in row order (one thread), and the step's loss
+/// (sum / normaliser) as `last_loss`.
+struct SumLossRows {
+  const double* row_loss;
+  const std::int32_t* row_correct;
+  Metrics* metrics;
+  std::size_t rows;
+  double normaliser;
+  XTRAIN_HD std::size_t count() const { return 1; }
+  XTRAIN_HD void operator()(std::size_t) const {
+    double total = 0.0;
+    std::int64_t correct = 0, bad = 0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      total += row_loss[r];
+      if (row_correct[r] < 0)
+        ++bad;
+      else
+        correct += row_correct[r];
+    }
+    metrics->loss_sum += total;
+    metrics->correct += correct;
+    metrics->samples += static_cast<std::int64_t>(rows);
+    metrics->bad_labels += bad;
+    metrics->last_loss = normaliser > 0.0 ? static_cast<float>(total / normaliser) : 0.0f;
+  }
+};
+
+/// The scalars of one Adam step (optim::Adam's Coefficients), computed on the device from the
+/// step counter and the learning rate there, so that a replayed graph advances them itself.
+struct AdamScalars {
+  float step_size, bc2_sqrt, b1, b2, c1, c2, eps, wd, decay;
+};
+
+/// Advances `*step` and computes the step's scalars from `*lr` (one thread).
+struct AdamPrepare {
+  const float* lr;
+  std::uint64_t* step;
+  AdamScalars* out;
+  float beta1, beta2, eps, weight_decay;
+  XTRAIN_HD std::size_t count() const { return 1; }
+  XTRAIN_HD void operator()(std::size_t) const {
+    const std::uint64_t s = ++*step;
+    const double t = static_cast<double>(s);
+    const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), t);
+    const double bc2_sqrt = std::sqrt(1.0 - std::pow(static_cast<double>(beta2), t));
+    const float rate = *lr;
+    *out = {static_cast<float>(rate / bc1),
+            static_cast<float>(bc2_sqrt),
+            beta1,
+            beta2,
+            1.0f - beta1,
+            1.0f - beta2,
+            eps,
+            weight_decay,
+            1.0f - rate * weight_decay};
+  }
+};
+
+/// One Adam (L2 decay) or AdamW (decoupled) update per element, as optim::Adam's SIMD body:
+///   m = fma(c1, g, m * b1); v = fma(c2, g * g, v * b2); p -= step_size * m / (sqrt(v) / bc2 + eps)
+template <bool Decoupled>
+struct AdamUpdate {
+  float *p, *m, *v;
+  const float* g;
+  const AdamScalars* k;
+  std::size_t n;
+  XTRAIN_HD std::size_t count() const { return n; }
+  XTRAIN_HD void operator()(std::size_t i) const {
+    const AdamScalars s = *k;
+    float pi = p[i], gi = g[i];
+    if constexpr (Decoupled) {
+      if (s.wd != 0.0f) pi = pi * s.decay;
+    } else {
+      if (s.wd != 0.0f) gi = std::fma(s.wd, pi, gi);
+    }
+    const float mi = std::fma(s.c1, gi, m[i] * s.b1);
+    const float vi = std::fma(s.c2, gi * gi, v[i] * s.b2);
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = std::sqrt(vi) / s.bc2_sqrt + s.eps;
+    p[i] = pi - s.step_size * (mi / denom);
+  }
+};
+
+/// y[r, :] = data[index[*cursor + r], :] and labels likewise: a batch gathered from a data set
+/// resident in device memory, the batch's position read from `*cursor` (so that a replayed
+/// graph takes the next batch once AdvanceCursor has run).
+struct GatherBatch {
+  const float* data;
+  const std::int32_t* data_labels;
+  const std::uint32_t* index;
+  const std::size_t* cursor;
+  float* x;
+  std::int32_t* labels;
+  std::size_t rows, cols;
+  XTRAIN_HD std::size_t count() const { return rows * cols; }
+  XTRAIN_HD void operator()(std::size_t i) const {
+    const std::size_t r = i / cols, c = i % cols;
+    const std::size_t src = static_cast<std::size_t>(index[*cursor + r]);
+    x[i] = data[src * cols + c];
+    if (c == 0) labels[r] = data_labels[src];
+  }
+};
+
+/// *cursor += rows (one thread).
+struct AdvanceCursor {
+  std::size_t* cursor;
+  std::size_t rows;
+  XTRAIN_HD std::size_t count() const { return 1; }
+  XTRAIN_HD void operator()(std::size_t) const { *cursor += rows; }
+};
+
+/// The geometry of a 2-D convolution or pooling window over NCHW images (kernels::Window's
+/// numbers, as plain sizes for device code).
+struct Window2 {
+  std::size_t n, c, h, w;      ///< images, channels, input plane
+  std::size_t kh, kw, sh, sw;  ///< kernel, stride
+  std::size_t ph, pw, dh, dw;  ///< padding, dilation
+  std::size_t oh, ow;          ///< output plane
+  /// The input row of output row oy at kernel row ki (negative or >= h: in the padding).
+  XTRAIN_HD std::ptrdiff_t in_row(std::size_t oy, std::size_t ki) const {
+    return static_cast<std::ptrdiff_t>(oy * sh + ki * dh) - static_cast<std::ptrdiff_t>(ph);
+  }
+  XTRAIN_HD std::ptrdiff_t in_col(std::size_t ox, std::size_t kj) const {
+    return static_cast<std::ptrdiff_t>(ox * sw + kj * dw) - static_cast<std::ptrdiff_t>(pw);
+  }
+  /// The output index along one axis whose window puts kernel offset k on input position i, or -1.
+  XTRAIN_HD static std::ptrdiff_t out_index(std::size_t i, std::size_t k, std::size_t stride, std::size_t pad,
+                                            std::size_t dil, std::size_t out) {
+    const std::ptrdiff_t t = static_cast<std::ptrdiff_t>(i + pad) - static_cast<std::ptrdiff_t>(k * dil);
+    if (t < 0 || t % static_cast<std::ptrdiff_t>(stride) != 0) return -1;
+    const std::ptrdiff_t o = t / static_cast<std::ptrdiff_t>(stride);
+    return o < static_cast<std::ptrdiff_t>(out) ? o : -1;
+  }
+};
+
+/// cols[(ci, ki, kj), (img, oy, ox)] = x[img, ci, iy, ix] (0 in the padding): the input of a
+/// convolution unfolded as [c kh kw, n oh ow], so that one matrix product of the weights
+/// [out, c kh kw] by it gives every image's output.
+struct Im2col {
+  const float* x;
+  float* cols;
+  Window2 g;
+  XTRAIN_HD std::size_t count() const { return g.c * g.kh * g.kw * g.n * g.oh * g.ow; }
+  XTRAIN_HD void operator()(std::size_t i) const {
+    const std::size_t per_row = g.n * g.oh * g.ow, row = i / per_row, col = i % per_row;
+    const std::size_t ci = row / (g.kh * g.kw), ki = row / g.kw % g.kh, kj = row % g.kw;
+    const std::size_t img = col / (g.oh * g.ow), oy = col / g.ow % g.oh, ox = col % g.ow;
+    const std::ptrdiff_t iy = g.in_row(oy, ki), ix = g.in_col(ox, kj);
+    const bool inside =
+        iy >= 0 && ix >= 0 && iy < static_cast<std::ptrdiff_t>(g.h) && ix < static_cast<std::ptrdiff_t>(g.w);
+    cols[i] =
+        inside ? x[((img * g.c + ci) * g.h + static_cast<std::size_t>(iy)) * g.w + static_cast<std::size_t>(ix)] : 0.0f;
+  }
+};
+
+/// dx[img, ci, iy, ix] = the sum of dcols over the (ki, kj) whose window covers it (the transpose
+/// of Im2col), gathered per input value: no atomics, a fixed order.
+struct Col2im {
+  const float* dcols;
+  float* dx;
+  Window2 g;
+  XTRAIN_HD std::size_t count() const { return g.n * g.c * g.h * g.w; }
+  XTRAIN_HD void operator()(std::size_t i) const {
+    const std::size_t ix = i % g.w, iy = i / g.w % g.h, ci = i / (g.w * g.h) % g.c, img = i / (g.w * g.h * g.c);
+    const std::size_t per_row = g.n * g.oh * g.ow;
+    float sum = 0.0f;
+    for (std::size_t ki = 0; ki < g.kh; ++ki) {
+      const std::ptrdiff_t oy = Window2::out_index(iy, ki, g.sh, g.ph, g.dh, g.oh);
+      if (oy < 0) continue;
+      for (std::size_t kj = 0; kj < g.kw; ++kj) {
+        const std::ptrdiff_t ox = Window2::out_index(ix, kj, g.sw, g.pw, g.dw, g.ow);
+        if (ox < 0) continue;
+        const std::size_t row = (ci * g.kh + ki) * g.kw + kj;
+        sum += dcols[row * per_row + (img * g.oh + static_cast<std::size_t>(oy)) * g.ow + static_cast<std::size_t>(ox)];
+      }
+    }
+    dx[i] = sum;
+  }
+};
+
+/// y[img, oc, p] = yc[oc, img * planes + p] (+ bias[oc]): a product laid out by channel back to
+/// NCHW images. With `to_channels`, the reverse (no bias): yc[oc, img * planes + p] = y[img, oc, p].
+struct ChannelsImages {
+  const float* in;
+  const float* bias;
+  float* out;
+  std::size_t n, channels, planes;
+  bool to_channels;
+  XTRAIN_HD std::size_t count() const { return n * channels * planes; }
+  XTRAIN_HD void operator()(std::size_t i) const {
+    // i walks the NCHW image order.
+    const std::size_t p = i % planes, oc = i / planes % channels, img = i / (planes * channels);
+    const std::size_t j = oc * (n * planes) + img * planes + p;
+    if (to_channels)
+      out[j] = in[i];
+    else
+      out[i] = bias ? in[j] + bias[oc] : in[j];
+  }
+};
+
+/// out[r] = the sum of row r of x [rows, cols], in order (a plane's sum: one thread per plane).
+struct RowSums {
+  const float* x;
+  float* out;
+  std::size_t rows, cols;
+  XTRAIN_HD std::size_t count() const { return rows; }
+  XTRAIN_HD void operator()(std::size_t r) const {
+    float acc = 0.0f;
+    for (std::size_t j = 0; j < cols; ++j) acc += x[r * cols + j];
+    out[r] = acc;
+  }
+};
+
+/// Max pooling over NCHW planes (one thread per output): y = the window's maximum (the first in
+/// scan order on ties; NaN propagates, as PyTorch's), argmax its index in the input plane (-1 for
+/// a window wholly in the padding).
+struct MaxPoolForward {
+  const float* x;
+  float* y;
+  std::int32_t* argmax;
+  Window2 g;
+  XTRAIN_HD std::size_t count() const { return g.n * g.c * g.oh * g.ow; }
+  XTRAIN_HD void operator()(std::size_t i) const {
+    const std::size_t ox = i % g.ow, oy = i / g.ow % g.oh, plane = i / (g.ow * g.oh);
+    const float* xp = x + plane * g.h * g.w;
+    float v = -INFINITY;
+    std::int32_t best = -1;
+    for (std::size_t ki = 0; ki < g.kh; ++ki) {
+      const std::ptrdiff_t iy = g.in_row(oy, ki);
+      if (iy < 0 || iy >= static_cast<std::ptrdiff_t>(g.h)) continue;
+      for (std::size_t kj = 0; kj < g.kw; ++kj) {
+        const std::ptrdiff_t ix = g.in_col(ox, kj);
+        if (ix < 0 || ix >= static_cast<std::ptrdiff_t>(g.w)) continue;
+        const auto at = static_cast<std::int32_t>(static_cast<std::size_t>(iy) * g.w + static_cast<std::size_t>(ix));
+        const float e = xp[at];
+        if (best < 0 || e > v || e != e) {
+          v = e;
+          best = at;
+        }
+      }
+    }
+    y[i] = v;
+    argmax[i] = best;
+  }
+};
+
+/// Max pooling's input gradient, gathered per input value: the sum of dy over the outputs whose
+/// maximum it was, in output order (as the CPU adds them).
+struct MaxPoolBackward {
+  const float* dy;
+  const std::int32_t* argmax;
+  float* dx;
+  Window2 g;
+  XTRAIN_HD std::size_t count() const { return g.n * g.c * g.h * g.w; }
+  XTRAIN_HD void operator()(std::size_t i) const {
+    const std::size_t ix = i % g.w, iy = i / g.w % g.h, plane = i / (g.w * g.h);
+    const auto self = static_cast<std::int32_t>(iy * g.w + ix);
+    const std::size_t base = plane * g.oh * g.ow;
+    float sum = 0.0f;
+    for (std::size_t k = g.kh; k-- > 0;) {  // output rows ascending
+      const std::ptrdiff_t oy = Window2::out_index(iy, k, g.sh, g.ph, g.dh, g.oh);
+      if (oy < 0) continue;
+      for (std::size_t l = g.kw; l-- > 0;) {
+        const std::ptrdiff_t ox = Window2::out_index(ix, l, g.sw, g.pw, g.dw, g.ow);
+        if (ox < 0) continue;
+        const std::size_t o = base + static_cast<std::size_t>(oy) * g.ow + static_cast<std::size_t>(ox);
+        if (argmax[o] == self) sum += dy[o];
+      }
+    }
+    dx[i] = sum;
+  }
+};
+
+/// A row-major matrix product C[m, n] = op(A) op(B), op(A) m x k, op(B) k x n, each matrix
+/// stored row-major with its leading dimension (elements between rows).
+struct RowMajorGemm {
+  bool trans_a, trans_b;
+  std::size_t m, n, k, lda, ldb, ldc;
+};
+
+/// The column-major (BLAS) product that computes a RowMajorGemm: a row-major matrix is its
+/// transpose in column-major order, so C^T = op(B)^T op(A)^T, with B as the first operand
+/// (transposed as B is) and A as the second.
+struct ColumnMajorGemm {
+  bool trans_first, trans_second;
+  std::size_t m, n, k, ld_first, ld_second, ldc;
+};
+constexpr ColumnMajorGemm column_major(const RowMajorGemm& g) noexcept {
+  return {g.trans_b, g.trans_a, g.n, g.m, g.k, g.ldb, g.lda, g.ldc};
+}
+
+/// x[i] = value.
+struct Fill {
+  float* x;
+  float value;
+  std::size_t n;
+  XTRAIN_HD std::size_t count() const { return n; }
+  XTRAIN_HD void operator()(std::size_t i) const { x[i] = value; }
+};
+
+}  // namespace xtrain::kernels::device

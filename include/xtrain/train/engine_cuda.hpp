@@ -1,0 +1,239 @@
+#pragma once
+/// \file engine_cuda.hpp
+/// Engine<Model, Optimizer, FullPrecision, SingleProcess, backend::Cuda, CrossEntropyLoss>: what
+/// `Trainer<..., backend::Cuda>` runs on (nvcc only; engine.hpp includes it under nvcc). Each
+/// micro-step copies the batch to the GPU and launches the step there (cuda::DeviceModel: the
+/// model lowered layer by layer; from the second step of a batch size on, one CUDA graph). The
+/// loss and accuracy are summed on the device and read at the end of an epoch (or a save), not
+/// per step: StepResult::loss is NaN here.
+///
+/// A CPU engine over the same model is the host mirror: the Trainer's checkpoints, safetensors
+/// export, evaluation (predict) and everything else that reads the weights run on it, after the
+/// device's weights, BatchNorm buffers and Adam moments are copied back (once per change). What a
+/// host-side change writes (load_state, load_model, params() or model() used to write) goes to the
+/// device before the next step. So a GPU run's checkpoints and exports are the CPU's files, and a
+/// run resumes on either backend.
+///
+/// Not yet on the GPU: mixed precision, several ranks, accumulation, gradient clipping, parameter
+/// groups, ZeRO, the deterministic reduction, an ignore index; each is refused when the Trainer is
+/// built, by name.
+
+#if !defined(__CUDACC__)
+#error "xtrain/train/engine_cuda.hpp is compiled by nvcc (a .cu file, or CMake's LANGUAGE CUDA)"
+#endif
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "xtrain/backend/cuda.hpp"
+#include "xtrain/train/cuda_program.hpp"
+#include "xtrain/train/engine.hpp"
+
+namespace xtrain {
+
+template <class Model, class Optimizer, class PrecisionPolicy, class Communicator, class Loss>
+class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Loss> {
+  static_assert(
+      std::is_same_v<PrecisionPolicy, FullPrecision>,
+      "xtrain: backend::Cuda trains in fp32 so far (FullPrecision); MixedPrecision on the GPU is not built yet");
+  static_assert(std::is_same_v<Communicator, parallel::SingleProcess>,
+                "xtrain: backend::Cuda trains on one process so far (parallel::SingleProcess)");
+  static_assert(std::is_same_v<Loss, loss::CrossEntropyLoss>,
+                "xtrain: backend::Cuda trains with loss::CrossEntropyLoss so far");
+  using Host = Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cpu, Loss>;
+
+ public:
+  using target_type = typename Loss::target_type;
+
+  Engine(Model model, Optimizer optimizer, Communicator communicator, TrainingOptions options = {}, Loss loss = {})
+      : gpu_(0),
+        dev_(gpu_),
+        host_(std::move(model), optimizer, std::move(communicator), checked(std::move(options)),
+              refused(std::move(loss))),
+        device_(dev_, host_.model(), host_.params(), optimizer) {}
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// One step on this process's batch (x [rows, ...] in host memory, its labels): copied to the
+  /// GPU, then the step there (a graph replay once warm). The loss is not read back: NaN.
+  template <class Input>
+  StepResult micro_step(const Input& x, const target_type& y, std::size_t global_offset, std::size_t global_count,
+                        bool force_sync = false) {
+    static_assert(std::is_same_v<Input, Tensor<float>>, "xtrain: backend::Cuda trains on float inputs so far");
+    (void)global_offset;
+    (void)force_sync;
+    const std::size_t rows = x.dimension() ? x.shape(0) : 0;
+    const Shape sample = lowering::sample_shape(x.shape());
+    const std::size_t cols = sample.elements();
+    XTRAIN_CHECK(rows > 0 && y.size() == rows, ShapeError, "backend::Cuda: a batch of inputs ", x.shape().str(),
+                 " with labels ", y.shape().str(), " (one class id per sample)");
+    to_device();
+    const std::size_t room = std::max(rows, host_.global_batch());  // sized once: the graph keeps the pointers
+    batch_x_.reserve(gpu_, room * cols);
+    batch_y_.reserve(gpu_, room);
+    backend::cuda::upload(gpu_, batch_x_.data(), x.data(), rows * cols);
+    backend::cuda::upload(gpu_, batch_y_.data(), y.data(), rows);
+    const float lr = host_.current_lr();
+    device_.set_lr(lr);
+    const double normaliser = host_.loss_normalizer(y, global_count);
+    graph_.run(gpu_, rows, [&] { device_.enqueue_step(batch_x_.data(), batch_y_.data(), rows, sample, normaliser); });
+    device_changed_ = true;
+    host_.restore(host_.step() + 1, host_.options().seed(), host_.options().schedule());
+    terms_ += static_cast<double>(rows);
+    StepResult r;
+    r.step = host_.step();
+    r.loss = std::numeric_limits<float>::quiet_NaN();
+    r.lr = lr;
+    r.samples = global_count;
+    return r;
+  }
+
+  /// The Trainer's per-step metric sums [loss sum, correct, terms, samples]: the terms now, the
+  /// loss and correct counts when flushed (they are summed on the device).
+  void add_step_metrics(double* sums) const noexcept { (void)sums; }
+  /// Adds what the device summed since the last flush to `sums` (waits for the GPU).
+  void flush_step_metrics(double* sums) {
+    const kernels::device::Metrics m = device_.read_metrics();
+    sums[0] += m.loss_sum;
+    sums[1] += static_cast<double>(m.correct);
+    sums[2] += terms_;
+    terms_ = 0.0;
+  }
+
+  /// Evaluation and prediction run on the host mirror (the device's weights copied back first).
+  template <class Input>
+  const Tensor<float>& predict(Context& ctx, const Input& x) {
+    to_host();
+    return host_.predict(ctx, x);
+  }
+  float loss_forward(const Tensor<float>& out, const target_type& y, double normaliser) {
+    return host_.loss_forward(out, y, normaliser);
+  }
+  void skip_forward() { host_.skip_forward(); }
+  Context context(bool training) { return host_.context(training); }
+  void broadcast_buffers() {
+    to_host();
+    host_.broadcast_buffers();
+  }
+
+  void save_state(const std::string& dir, checkpoint::Position position,
+                  const std::vector<checkpoint::Registered>& objects) {
+    to_host();
+    host_.save_state(dir, position, objects);
+  }
+  checkpoint::Position load_state(const std::string& dir, const std::vector<checkpoint::Registered>& objects) {
+    to_host();
+    checkpoint::Position p = host_.load_state(dir, objects);
+    host_changed_ = true;
+    return p;
+  }
+  template <class F>
+  decltype(auto) with_full_parameters(F&& f) {
+    to_host();
+    host_changed_ = true;
+    return host_.with_full_parameters(std::forward<F>(f));
+  }
+  template <class F>
+  void with_parameters_by_unit(F&& f) {
+    to_host();
+    host_.with_parameters_by_unit(std::forward<F>(f));
+  }
+
+  /// The host mirror's model, parameters and optimizer state, up to date with the device; what
+  /// is written into them reaches the device before the next step.
+  Model& model() {
+    to_host();
+    host_changed_ = true;
+    return host_.model();
+  }
+  ParamArena& params() {
+    to_host();
+    host_changed_ = true;
+    return host_.params();
+  }
+  typename Optimizer::State& optimizer_state() {
+    to_host();
+    host_changed_ = true;
+    return host_.optimizer_state();
+  }
+  const Optimizer& optimizer() const noexcept { return host_.optimizer(); }
+
+  backend::Cuda& backend() noexcept { return gpu_; }
+  /// Host memory (the batches the loader makes; the host mirror's buffers).
+  memory::Resource& memory() noexcept { return host_.memory(); }
+  Communicator& communicator() noexcept { return host_.communicator(); }
+  const TrainingOptions& options() const noexcept { return host_.options(); }
+  Loss& loss() noexcept { return host_.loss(); }
+  std::uint64_t step() const noexcept { return host_.step(); }
+  std::uint64_t optimizer_steps() const noexcept { return host_.optimizer_steps(); }
+  float current_lr() const { return host_.current_lr(); }
+  std::size_t global_batch() const noexcept { return host_.global_batch(); }
+  const DynamicLossScaler& loss_scaler() const noexcept { return host_.loss_scaler(); }
+  const std::vector<optim::GroupScales>& param_groups() const noexcept { return host_.param_groups(); }
+  const parallel::CommStats& comm_stats() const { return host_.comm_stats(); }
+  void reset_comm_stats() { host_.reset_comm_stats(); }
+  std::size_t bucket_count() const { return host_.bucket_count(); }
+  std::size_t gradient_bytes() const { return host_.gradient_bytes(); }
+  std::size_t parameter_bytes() const { return host_.parameter_bytes(); }
+  profile::Profiler* profiler() const noexcept { return host_.profiler(); }
+  /// Records the host side only (the device's kernels are not timed one by one yet).
+  void set_profiler(profile::Profiler* p) { host_.set_profiler(p); }
+
+  /// Nodes of the captured step (kernels, copies, memsets); 0 before the capture.
+  std::size_t graph_nodes() const noexcept { return graph_.nodes(); }
+
+ private:
+  static TrainingOptions checked(TrainingOptions o) {
+    auto refuse = [](bool bad, const std::string& what) {
+      XTRAIN_CHECK(!bad, ValueError, "backend::Cuda does not support ", what,
+                   " yet (the GPU engine runs fp32, one process, no accumulation or clipping); train with a CPU "
+                   "backend for it");
+    };
+    refuse(o.accumulate() != 1, "accumulate(" + std::to_string(o.accumulate()) + ")");
+    refuse(o.clip_grad_norm() > 0.0 || o.clip_grad_value() > 0.0f, "gradient clipping");
+    refuse(o.zero_stage() != 0, "zero_stage(" + std::to_string(o.zero_stage()) + ")");
+    refuse(o.deterministic() != 0, "the deterministic reduction");
+    refuse(!o.param_groups().empty(), "parameter groups");
+    refuse(o.threads() > 1, "host threads (threads(" + std::to_string(o.threads()) + "))");
+    return o;
+  }
+  static Loss refused(Loss loss) {
+    XTRAIN_CHECK(!loss.ignore_index(), ValueError,
+                 "backend::Cuda does not support CrossEntropyLoss::ignore_index yet; train with a CPU backend for it");
+    return loss;
+  }
+
+  // The device's state into the host mirror, if the device changed it since.
+  void to_host() {
+    if (!device_changed_) return;
+    auto& s = host_.optimizer_state();
+    device_.download(std::span<float>(s.exp_avg), std::span<float>(s.exp_avg_sq));
+    device_changed_ = false;
+  }
+  // The host mirror's state onto the device, if the host changed it since.
+  void to_device() {
+    if (!host_changed_) return;
+    const auto& s = host_.optimizer_state();
+    device_.upload(std::span<const float>(s.exp_avg), std::span<const float>(s.exp_avg_sq), host_.optimizer_steps());
+    host_changed_ = false;
+  }
+
+  backend::Cuda gpu_;
+  cuda::CudaDevice dev_;
+  Host host_;
+  cuda::DeviceModel<Model, Optimizer> device_;
+  cuda::StepGraph graph_;
+  backend::cuda::Buffer<float> batch_x_;
+  backend::cuda::Buffer<std::int32_t> batch_y_;
+  double terms_ = 0.0;
+  bool host_changed_ = true, device_changed_ = false;
+};
+
+}  // namespace xtrain
