@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""PyTorch's twin of examples/fashion_mnist_cuda on a GPU: the homework MLP (784-H-BN-ReLU-10) or
-LeNet-5, Adam, cross-entropy, Fashion-MNIST in device memory, batch B, the last partial batch dropped.
+"""PyTorch's twin of examples/fashion_mnist_cuda on a GPU: the homework MLP (784-H-BN-ReLU-10),
+LeNet-5 or convbn, Adam, cross-entropy, Fashion-MNIST in device memory, batch B, the last partial batch dropped.
 
 Two ways, as the CUDA issue measured them: eager (fused Adam) and the whole step captured by hand as
 one CUDA graph (torch.cuda.graph, capturable fused Adam; the batch gathered into the graph's static
 inputs before each replay). Prints one line per way:
   pytorch-gpu <model> <eager|graph> samples/s <rate> us/step <t> test_accuracy <acc>
 
-usage: pytorch_gpu.py DATA_DIR [--model mlp|lenet] [--epochs N] [--batch B] [--hidden H] [--lr X]
+usage: pytorch_gpu.py DATA_DIR [--model mlp|lenet|convbn] [--epochs N] [--batch B] [--hidden H] [--lr X]
                       [--modes eager,graph]
 """
 import argparse
@@ -40,6 +40,12 @@ def load(folder, device):
 def model_for(args, device):
     torch.manual_seed(42)
     nn = torch.nn
+    if args.model == "convbn":
+        return nn.Sequential(nn.Unflatten(1, (1, 28, 28)), nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32),
+                             nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+                             nn.MaxPool2d(2), nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+                             nn.MaxPool2d(2), nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Dropout(0.25),
+                             nn.Linear(128, 10)).to(device)
     if args.model == "lenet":
         return nn.Sequential(nn.Unflatten(1, (1, 28, 28)), nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
                              nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(400, 120),
@@ -114,7 +120,7 @@ def run(mode, args, train, test, device):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("data")
-    p.add_argument("--model", default="mlp", choices=["mlp", "lenet"])
+    p.add_argument("--model", default="mlp", choices=["mlp", "lenet", "convbn"])
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--hidden", type=int, default=32)

@@ -1,5 +1,5 @@
-// The homework's SimpleModel (Linear -> BatchNorm1d -> ReLU -> Linear) or LeNet-5 trained on
-// Fashion-MNIST on an NVIDIA GPU, two ways:
+// The homework's SimpleModel (Linear -> BatchNorm1d -> ReLU -> Linear), LeNet-5 or convbn (three
+// convolutions with BatchNorm2d, Dropout) trained on Fashion-MNIST on an NVIDIA GPU, two ways:
 //  - by default xtrain::cuda::Program: the data set in device memory, each training step one CUDA
 //    graph launch (the batch gathered on the device), the CPU example's data order;
 //  - with --trainer, Trainer<..., backend::Cuda> (the loop every example uses: batches made on the
@@ -43,9 +43,10 @@ struct Flags {
 };
 
 const char* usage =
-    "usage: fashion_mnist_cuda [--model mlp|lenet] [--data DIR] [--epochs N] [--batch N] [--hidden N] [--lr X]\n"
+    "usage: fashion_mnist_cuda [--model mlp|lenet|convbn] [--data DIR] [--epochs N] [--batch N] [--hidden N] [--lr X]\n"
     "                          [--seed N] [--trainer] [--export FILE.safetensors]\n"
-    "  --model        mlp: 784-H-BatchNorm1d-ReLU-10 (the homework's); lenet: LeNet-5 (padding 2)\n"
+    "  --model        mlp: 784-H-BatchNorm1d-ReLU-10 (the homework's); lenet: LeNet-5 (padding 2); convbn: 3\n"
+    "                 convolutions with BatchNorm2d, max pooling, Dropout (fashion_mnist_cnn's)\n"
     "  --trainer      train with Trainer<..., backend::Cuda> (default: cuda::Program, the data set on the GPU)\n"
     "  --data DIR     Fashion-MNIST's IDX files or the homework's .npy files (default: XTRAIN_DATA_DIR, else\n"
     "                 /usr/share/datasets/fashion-mnist: Debian's dataset-fashion-mnist)\n"
@@ -119,7 +120,7 @@ int train_model(const Flags& flags, xtrain::backend::Cuda& gpu, Model model, con
   }
 
   xtrain::cuda::Program<Model, xtrain::optim::Adam> program(gpu, std::move(model), xtrain::optim::Adam{}.lr(flags.lr),
-                                                            flags.batch);
+                                                            flags.batch, flags.seed);
   program.set_data(train.features(), train.labels());
   xtrain::parallel::GlobalSampler sampler(train.size(), flags.batch, flags.seed, true, true);
   std::printf("Adam lr %g | batch %zu (the last partial batch of an epoch dropped) | %zu epochs | seed %llu\n",
@@ -154,8 +155,9 @@ int train_model(const Flags& flags, xtrain::backend::Cuda& gpu, Model model, con
 }
 
 int run(const Flags& flags) {
-  if (flags.model != "mlp" && flags.model != "lenet") {
-    std::fprintf(stderr, "fashion_mnist_cuda: --model %s: expected mlp or lenet\n%s", flags.model.c_str(), usage);
+  if (flags.model != "mlp" && flags.model != "lenet" && flags.model != "convbn") {
+    std::fprintf(stderr, "fashion_mnist_cuda: --model %s: expected mlp, lenet or convbn\n%s", flags.model.c_str(),
+                 usage);
     return xtrain::exit_code::usage;
   }
   xtrain::backend::Cuda gpu;
@@ -170,11 +172,12 @@ int run(const Flags& flags) {
                        nn::Sequential{nn::Flatten{}, nn::Linear{features, flags.hidden}, nn::BatchNorm1d{flags.hidden},
                                       nn::ReLU{}, nn::Linear{flags.hidden, classes}},
                        train, test);
-  XTRAIN_CHECK(features == 784, ShapeError, "--model lenet: 28 x 28 images expected, the data has ", features,
-               " features per sample");
+  XTRAIN_CHECK(features == 784, ShapeError, "--model ", flags.model, ": 28 x 28 images expected, the data has ",
+               features, " features per sample");
   train.with_sample_shape(xtrain::Shape{1, 28, 28});
   test.with_sample_shape(xtrain::Shape{1, 28, 28});
-  XTRAIN_CHECK(classes == 10, ShapeError, "--model lenet: 10 classes expected, the data has ", classes);
+  XTRAIN_CHECK(classes == 10, ShapeError, "--model ", flags.model, ": 10 classes expected, the data has ", classes);
+  if (flags.model == "convbn") return train_model(flags, gpu, cnn_models::convbn(), train, test);
   return train_model(flags, gpu, cnn_models::lenet(), train, test);
 }
 

@@ -11,7 +11,7 @@ if [ ! -x "$nvcc" ]; then
   exit 77
 fi
 log="$output.log"
-if ! "$nvcc" -std=c++20 -O1 "$@" -I"$include" -x cu "$source" -o "$output" -lboost_serialization -lz > "$log" 2>&1; then
+if ! "$nvcc" -std=c++20 -O1 --expt-relaxed-constexpr "$@" -I"$include" -x cu "$source" -o "$output" -lboost_serialization -lz > "$log" 2>&1; then
   cat "$log"
   echo "FAIL: nvcc could not compile $source"
   exit 1

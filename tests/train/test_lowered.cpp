@@ -133,7 +133,8 @@ void layer_against_cpu(Layer cpu_layer, const Shape& batch_shape, std::uint64_t 
 
   lowering::HostDevice dev;
   std::vector<float> values(arena.values().begin(), arena.values().end()), grads(arena.size(), 0.0f);
-  lowering::Context<lowering::HostDevice> c{dev, arena.values().data(), values.data(), grads.data(), true};
+  const std::uint64_t step = 0;  // the CPU Context's seed and step: 0
+  lowering::Context<lowering::HostDevice> c{dev, arena.values().data(), values.data(), grads.data(), true, 0, &step};
   lowering::Lowered<Layer, lowering::HostDevice> lowered(lowered_layer, c);
   const Shape sample = lowering::sample_shape(batch_shape);
   REQUIRE(lowered.out_shape(sample) == lowering::sample_shape(y.shape()));
@@ -156,6 +157,55 @@ TEST_CASE("lowered: Conv2d and MaxPool2d as the CPU layers", "[train][cuda]") {
     layer_against_cpu(nn::MaxPool2d{2}, Shape{2, 3, 8, 6}, 5);
     layer_against_cpu(nn::MaxPool2d{3, 2, 1}, Shape{2, 2, 7, 7}, 6);
   }
+  SECTION("BatchNorm2d's training forward and backward, its running statistics") {
+    nn::BatchNorm2d bn(3);
+    layer_against_cpu(bn, Shape{4, 3, 5, 6}, 7);
+  }
+  SECTION("Dropout: the CPU layer's masks, bitwise") {
+    layer_against_cpu(nn::Dropout{0.3f}, Shape{3, 70}, 8);
+    layer_against_cpu(nn::Dropout{0.5f}, Shape{2, 4, 3, 3}, 9);
+  }
+}
+
+TEST_CASE("lowered: convbn's training steps (BatchNorm2d + ReLU fused, Dropout) = the CPU Engine's", "[train][cuda]") {
+  auto convbn = [] {
+    set_seed(11);
+    return cnn_models::convbn();
+  };
+  using ConvBn = decltype(convbn());
+  const data::TensorDataset& data = test::fashion_head<16>();
+  const std::size_t batch = 8;
+  Engine<ConvBn, optim::Adam> cpu(convbn(), optim::Adam{}.lr(1e-3f), parallel::SingleProcess{},
+                                  TrainingOptions{}.seed(5));
+  ConvBn model = convbn();
+  ParamArena arena = adopt_model(model, ParamArena::alignment, memory::host());
+  lowering::HostDevice dev;
+  lowering::DeviceModel<ConvBn, optim::Adam, lowering::HostDevice> device(dev, model, arena, optim::Adam{}.lr(1e-3f),
+                                                                          5);
+  device.upload({}, {}, 0);
+  device.set_lr(1e-3f);
+  for (std::size_t s = 0; s < 2; ++s) {
+    Tensor<float> x({batch, 1, 28, 28});
+    Tensor<std::int32_t> y({batch});
+    std::copy_n(data.features().data() + s * batch * 784, batch * 784, x.data());
+    std::copy_n(data.labels().data() + s * batch, batch, y.data());
+    cpu.micro_step(x, y, 0, batch);
+    device.enqueue_step(x.data(), y.data(), batch, Shape{1, 28, 28}, static_cast<double>(batch));
+  }
+  device.download();
+  // The convolutions' biases feed BatchNorm, which removes them: their gradients are noise that
+  // Adam turns into steps of either sign (see lowered_mlp), and the running means follow them.
+  // Everything else must agree.
+  for (const ParamEntry& e : arena.entries()) {
+    if (e.name == "0.bias" || e.name == "3.bias" || e.name == "7.bias") continue;
+    const double diff = largest_difference(arena.values(e), cpu.params().values(e));
+    INFO(e.name << ": largest difference " << diff);
+    CHECK(diff <= 5e-5);  // 5 % of one step of lr: Adam's first steps scale a small gradient up
+  }
+  const auto& bn = model.template get<4>();
+  const auto& bn_cpu = cpu.model().template get<4>();
+  CHECK(largest_difference(bn.running_var(), bn_cpu.running_var()) <= 1e-6);
+  CHECK(bn.num_batches_tracked() == 2);
 }
 
 TEST_CASE("lowered: LeNet's training steps on the host device = the CPU Engine's", "[train][cuda]") {

@@ -140,10 +140,15 @@ class Cuda {
     cuda::check(cudaGetDeviceCount(&count), "counting the GPUs");
     if (count == 0) throw DeviceError("CUDA: no GPU is visible to this process (CUDA_VISIBLE_DEVICES?)");
     if (device < 0) {
-      if (const char* v = std::getenv("XTRAIN_CUDA_DEVICE"); v && *v)
-        device = std::atoi(v);
-      else
+      if (const char* v = std::getenv("XTRAIN_CUDA_DEVICE"); v && *v) {
+        char* end = nullptr;
+        const long d = std::strtol(v, &end, 10);
+        if (*end != '\0' || d < 0)
+          throw DeviceError(std::string("XTRAIN_CUDA_DEVICE=") + v + ": expected a GPU index (0, 1, ...)");
+        device = static_cast<int>(d);
+      } else {
         device = std::max(0, detail::local_rank_from_environment()) % count;
+      }
     }
     if (device >= count)
       throw DeviceError("CUDA: GPU " + std::to_string(device) + " was asked for, but " + std::to_string(count) +
@@ -172,17 +177,22 @@ class Cuda {
   cublasLtHandle_t blas() const noexcept { return lt_; }
   void* blas_workspace() const noexcept { return blas_workspace_; }
   static constexpr std::size_t blas_workspace_bytes = std::size_t{32} << 20;
-  /// "cuda: NVIDIA H100 80GB HBM3 (GPU 0 of 1, sm_90, 79 GiB)".
+  /// "cuda: NVIDIA H100 80GB HBM3 (GPU 0, sm_90, 79 GiB)".
   std::string describe() const {
     return std::string("cuda: ") + properties_.name + " (GPU " + std::to_string(device_) + ", sm_" +
            std::to_string(properties_.major) + std::to_string(properties_.minor) + ", " +
            std::to_string(properties_.totalGlobalMem >> 30) + " GiB)";
   }
 
+  /// Makes this GPU the calling thread's current device (CUDA's current device is per thread: a
+  /// second backend on another GPU changes it). The engines call it at each entry point.
+  void make_current() const { cuda::check(cudaSetDevice(device_), "selecting the GPU"); }
+
   /// `bytes` of device memory (cudaMalloc; 256-byte aligned), counted. Throws DeviceError when
   /// the device is out of memory.
   void* allocate(std::size_t bytes) {
     void* p = nullptr;
+    make_current();
     cuda::check(cudaMalloc(&p, std::max<std::size_t>(bytes, 1)), "allocating device memory");
     ++allocations_;
     in_use_ += bytes;

@@ -38,13 +38,15 @@ class Gemm {
            float beta, const float* bias = nullptr) {
     const device::ColumnMajorGemm cm = device::column_major(shape);
     Plan& plan = plan_for(gpu, cm, bias != nullptr);
-    if (bias)
+    if (bias && plan.bias_epilogue)
       check(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
             "setting the bias");
     // Column-major: C^T = op(B)^T op(A)^T, so B is the first operand.
     check(cublasLtMatmul(gpu.blas(), plan.op, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c, plan.c, &plan.algo,
                          gpu.blas_workspace(), Cuda::blas_workspace_bytes, gpu.stream()),
           "matrix product");
+    if (bias && !plan.bias_epilogue)  // no algorithm took the bias in its epilogue: a pass of its own
+      backend::cuda::launch(gpu.stream(), device::ColumnBias{c, bias, shape.m, shape.n, shape.ldc});
   }
 
  private:
@@ -52,6 +54,7 @@ class Gemm {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    bool bias_epilogue = false, algo_found = false;
     void destroy() noexcept {
       if (op) (void)cublasLtMatmulDescDestroy(op);
       if (a) (void)cublasLtMatrixLayoutDestroy(a);
@@ -65,6 +68,16 @@ class Gemm {
   Plan& plan_for(Cuda& gpu, const device::ColumnMajorGemm& s, bool bias) {
     const Key key{s.trans_first, s.trans_second, s.m, s.n, s.k, s.ld_first, s.ld_second, s.ldc, bias};
     if (auto it = plans_.find(key); it != plans_.end()) return it->second;
+    Plan p = make_plan(gpu, s, bias);
+    if (bias && !p.algo_found) p = make_plan(gpu, s, false);  // the bias then gets a pass of its own
+    if (!p.algo_found) {
+      p.destroy();
+      check(CUBLAS_STATUS_NOT_SUPPORTED, "no algorithm for this matrix product");
+    }
+    return plans_.emplace(key, p).first->second;
+  }
+
+  Plan make_plan(Cuda& gpu, const device::ColumnMajorGemm& s, bool bias) {
     Plan p;
     check(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "creating a matmul descriptor");
     const cublasOperation_t ta = s.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -89,17 +102,27 @@ class Gemm {
     const std::size_t ws = Cuda::blas_workspace_bytes;
     check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
           "workspace size");
+    // Weights and biases sit in the parameter arena at 64-byte boundaries (activations at cudaMalloc's
+    // 256): algorithms that need more are left out.
+    const std::uint32_t align = 64;
+    for (const auto attribute :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      check(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &align, sizeof(align)), "alignment");
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t st =
         cublasLtMatmulAlgoGetHeuristic(gpu.blas(), p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
     (void)cublasLtMatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+    if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
+      p.algo = result.algo;
+      p.algo_found = true;
+      p.bias_epilogue = bias;
+    } else if (bias) {
       p.destroy();
-      check(st == CUBLAS_STATUS_SUCCESS ? CUBLAS_STATUS_NOT_SUPPORTED : st, "no algorithm for this matrix product");
+      p = Plan{};
     }
-    p.algo = result.algo;
-    return plans_.emplace(key, p).first->second;
+    return p;
   }
 
   std::map<Key, Plan> plans_;

@@ -13,6 +13,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "xtrain/core/rng.hpp"
+
 #if defined(__CUDACC__)
 #define XTRAIN_HD __host__ __device__
 #else
@@ -311,6 +313,171 @@ struct AdvanceCursor {
   std::size_t rows;
   XTRAIN_HD std::size_t count() const { return 1; }
   XTRAIN_HD void operator()(std::size_t) const { *cursor += rows; }
+};
+
+/// Sums over each (image, channel) plane of `sp` values, one thread per plane, in double, in
+/// order: out[p] = the sum of x, or with `mean` (per channel) the sum of (x - mean)^2.
+struct PlaneSums {
+  const float* x;
+  const float* mean;
+  double* out;
+  std::size_t planes, channels, sp;
+  XTRAIN_HD std::size_t count() const { return planes; }
+  XTRAIN_HD void operator()(std::size_t p) const {
+    const float* v = x + p * sp;
+    double s = 0.0;
+    if (mean) {
+      const double m = static_cast<double>(mean[p % channels]);
+      for (std::size_t i = 0; i < sp; ++i) {
+        const double d = static_cast<double>(v[i]) - m;
+        s += d * d;
+      }
+    } else {
+      for (std::size_t i = 0; i < sp; ++i) s += static_cast<double>(v[i]);
+    }
+    out[p] = s;
+  }
+};
+
+/// BatchNorm2d's statistics of channel c from the plane sums (the images' in order), training:
+/// first pass (`ssd` null) the mean; second pass 1/sqrt(var + eps) and the running estimates
+/// (the unbiased variance), and the batch count. One thread per channel.
+struct ChannelStatistics {
+  const double* sums;  // [image][channel]
+  float *mean, *invstd, *running_mean, *running_var;
+  std::int64_t* tracked;
+  std::size_t n, channels, sp;
+  float momentum, eps;
+  bool second;
+  XTRAIN_HD std::size_t count() const { return channels; }
+  XTRAIN_HD void operator()(std::size_t c) const {
+    double s = 0.0;
+    for (std::size_t img = 0; img < n; ++img) s += sums[img * channels + c];
+    const double total = static_cast<double>(n * sp);
+    if (!second) {
+      mean[c] = static_cast<float>(s / total);
+      return;
+    }
+    invstd[c] = static_cast<float>(1.0 / std::sqrt(s / total + static_cast<double>(eps)));
+    running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * mean[c];
+    running_var[c] = (1.0f - momentum) * running_var[c] + momentum * static_cast<float>(s / (total - 1));
+    if (c == 0) ++*tracked;
+  }
+};
+
+/// y = gamma * ((x - mean) * invstd) + beta per element of NCHW planes (max(y, 0) with `relu`).
+struct NormalizePlanes {
+  const float *x, *mean, *invstd, *gamma, *beta;
+  float* y;
+  std::size_t total, channels, sp;
+  bool relu;
+  XTRAIN_HD std::size_t count() const { return total; }
+  XTRAIN_HD void operator()(std::size_t i) const {
+    const std::size_t c = i / sp % channels;
+    const float r = gamma[c] * ((x[i] - mean[c]) * invstd[c]) + beta[c];
+    y[i] = relu && !(r > 0.0f) ? 0.0f : r;
+  }
+};
+
+/// Per plane (one thread each, in double, in order): the sums of dy and of dy * x-hat, x-hat
+/// recomputed from x; with `relu`, dy counts only where the normalised output is positive.
+/// out[2 p] = sum dy, out[2 p + 1] = sum dy * x-hat.
+struct PlaneSumDotXhat {
+  const float *dy, *x, *mean, *invstd, *gamma, *beta;
+  double* out;
+  std::size_t planes, channels, sp;
+  bool relu;
+  XTRAIN_HD std::size_t count() const { return planes; }
+  XTRAIN_HD void operator()(std::size_t p) const {
+    const std::size_t c = p % channels;
+    double s = 0.0, d = 0.0;
+    for (std::size_t i = p * sp; i < (p + 1) * sp; ++i) {
+      const float xhat = (x[i] - mean[c]) * invstd[c];
+      const float g = relu && !(gamma[c] * xhat + beta[c] > 0.0f) ? 0.0f : dy[i];
+      s += static_cast<double>(g);
+      d += static_cast<double>(g) * static_cast<double>(xhat);
+    }
+    out[2 * p] = s;
+    out[2 * p + 1] = d;
+  }
+};
+
+/// BatchNorm2d's backward sums of channel c over the images (in order): the affine gradients and
+/// the coefficients of the input gradient (as BatchNormBackwardSums for rows).
+struct ChannelBackwardSums {
+  const double* sums;  // [image][channel][2]
+  const float *gamma, *invstd;
+  float *grad_gamma, *grad_beta, *scale, *mean_dy, *mean_dy_xhat;
+  std::size_t n, channels, sp;
+  XTRAIN_HD std::size_t count() const { return channels; }
+  XTRAIN_HD void operator()(std::size_t c) const {
+    double s = 0.0, d = 0.0;
+    for (std::size_t img = 0; img < n; ++img) {
+      s += sums[2 * (img * channels + c)];
+      d += sums[2 * (img * channels + c) + 1];
+    }
+    grad_gamma[c] += static_cast<float>(d);
+    grad_beta[c] += static_cast<float>(s);
+    const double total = static_cast<double>(n * sp);
+    mean_dy[c] = static_cast<float>(s / total);
+    mean_dy_xhat[c] = static_cast<float>(d / total);
+    scale[c] = gamma[c] * invstd[c];
+  }
+};
+
+/// dx = scale * (dy - mean_dy - x-hat * mean_dy_xhat) per element of NCHW planes (dy masked as in
+/// PlaneSumDotXhat).
+struct PlaneInputGrad {
+  const float *dy, *x, *mean, *invstd, *gamma, *beta, *scale, *mean_dy, *mean_dy_xhat;
+  float* dx;
+  std::size_t total, channels, sp;
+  bool relu;
+  XTRAIN_HD std::size_t count() const { return total; }
+  XTRAIN_HD void operator()(std::size_t i) const {
+    const std::size_t c = i / sp % channels;
+    const float xhat = (x[i] - mean[c]) * invstd[c];
+    const float g = relu && !(gamma[c] * xhat + beta[c] > 0.0f) ? 0.0f : dy[i];
+    dx[i] = scale[c] * (g - mean_dy[c] - xhat * mean_dy_xhat[c]);
+  }
+};
+
+/// Dropout's mask and output, one thread per element: element i of the batch uses word i % 4 of
+/// Philox block i / 4 of stream `stream | *step` (layers::Dropout's masks: the step is read on the
+/// device, so a replayed graph draws the next step's), mask = scale where the draw is >= p.
+struct DropoutForward {
+  const float* x;
+  float* y;
+  float* mask;
+  std::size_t n;
+  std::uint64_t seed, stream;
+  const std::uint64_t* step;
+  float p, scale;
+  XTRAIN_HD std::size_t count() const { return n; }
+  XTRAIN_HD void operator()(std::size_t i) const {
+    const auto block = random_block(seed, stream | *step, i / 4);
+    const float m = bits_to_unit_float(block[i % 4]) >= p ? scale : 0.0f;
+    mask[i] = m;
+    y[i] = x[i] * m;
+  }
+};
+
+/// out = a * b per element.
+struct Multiply {
+  const float *a, *b;
+  float* out;
+  std::size_t n;
+  XTRAIN_HD std::size_t count() const { return n; }
+  XTRAIN_HD void operator()(std::size_t i) const { out[i] = a[i] * b[i]; }
+};
+
+/// c[i, j] += bias[j] over an m x n row-major matrix (ldc): the bias of a product whose epilogue
+/// could not take it.
+struct ColumnBias {
+  float* c;
+  const float* bias;
+  std::size_t m, n, ldc;
+  XTRAIN_HD std::size_t count() const { return m * n; }
+  XTRAIN_HD void operator()(std::size_t i) const { c[i / n * ldc + i % n] += bias[i % n]; }
 };
 
 /// The geometry of a 2-D convolution or pooling window over NCHW images (kernels::Window's

@@ -109,7 +109,8 @@ using DeviceModel = lowering::DeviceModel<Model, Optimizer, CudaDevice>;
 
 /// A step that runs eagerly once per batch size, is captured as a CUDA graph the next time the
 /// same size comes, and is replayed from then on; another size runs eagerly (the last partial
-/// batch of an epoch) without losing the graph.
+/// batch of an epoch) without losing the graph, unless that eager step had to allocate (a larger
+/// batch): buffers the graph captured have then moved, so it is dropped and made again.
 class StepGraph {
  public:
   template <class F>
@@ -119,11 +120,18 @@ class StepGraph {
       graph_.capture(gpu, enqueue);
       return graph_.replay(gpu);
     }
+    const std::uint64_t before = gpu.allocations();
     enqueue();
+    if (gpu.allocations() != before) reset();
     if (!graph_.ready()) {
       warm_ = true;
       rows_ = rows;
     }
+  }
+  /// Drops the graph (a buffer or a value it captured changed): the next step runs eagerly.
+  void reset() noexcept {
+    graph_.reset();
+    warm_ = false;
   }
   /// Nodes of the captured step (kernels, copies, memsets); 0 before the capture.
   std::size_t nodes() const noexcept { return graph_.nodes(); }
@@ -142,14 +150,15 @@ class StepGraph {
 template <class Model, class Optimizer>
 class Program {
  public:
-  /// `batch`: the rows of every training step (the last partial batch of an epoch is dropped).
-  Program(Cuda& gpu, Model model, Optimizer optimizer, std::size_t batch)
+  /// `batch`: the rows of every training step (the last partial batch of an epoch is dropped);
+  /// `seed`: Dropout's masks (as TrainingOptions::seed on the CPU).
+  Program(Cuda& gpu, Model model, Optimizer optimizer, std::size_t batch, std::uint64_t seed = 0)
       : gpu_(gpu),
         model_(std::move(model)),
         batch_(batch),
         arena_(adopt_model(model_, ParamArena::alignment, memory::host())),
         dev_(gpu),
-        device_(dev_, model_, arena_, optimizer),
+        device_(dev_, model_, arena_, optimizer, seed),
         cursor_(gpu, 1) {
     XTRAIN_CHECK(batch > 1, ValueError, "cuda::Program: batch ", batch, " (BatchNorm needs 2 or more rows)");
     device_.upload({}, {}, 0);
@@ -165,6 +174,8 @@ class Program {
   void set_data(const Tensor<float>& inputs, std::span<const std::int32_t> labels) {
     XTRAIN_CHECK(inputs.dimension() >= 2 && inputs.shape(0) == labels.size(), ShapeError,
                  "cuda::Program::set_data: inputs of shape ", inputs.shape().str(), " but ", labels.size(), " labels");
+    gpu_.make_current();
+    graph_.reset();  // the data's buffers may move
     samples_ = inputs.shape(0);
     sample_ = lowering::sample_shape(inputs.shape());
     cols_ = sample_.elements();
@@ -182,6 +193,7 @@ class Program {
   /// every later one is a replay.
   std::size_t train_epoch(std::span<const std::uint32_t> order) {
     XTRAIN_CHECK(samples_ > 0, ValueError, "cuda::Program::train_epoch: no data (call set_data first)");
+    gpu_.make_current();
     XTRAIN_CHECK(order.size() <= samples_, ValueError, "cuda::Program::train_epoch: ", order.size(), " indices for ",
                  samples_, " samples");
     backend::cuda::upload(gpu_, order_.data(), order.data(), order.size());
@@ -222,6 +234,9 @@ class Program {
   /// inputs/labels in host memory, in batches of the training batch size. (Training metrics not
   /// yet read are read and dropped first.)
   Summary evaluate(const Tensor<float>& inputs, std::span<const std::int32_t> labels) {
+    XTRAIN_CHECK(inputs.dimension() >= 2 && inputs.shape(0) == labels.size(), ShapeError,
+                 "cuda::Program::evaluate: inputs of shape ", inputs.shape().str(), " but ", labels.size(), " labels");
+    gpu_.make_current();
     (void)read_metrics();
     const std::size_t n = inputs.shape(0);
     const Shape sample = lowering::sample_shape(inputs.shape());
@@ -239,7 +254,8 @@ class Program {
 
   /// Writes the device's weights and buffers into model() (waits for the GPU).
   void download() { device_.download(); }
-  /// Copies model()'s weights and buffers to the device (after loading a checkpoint into it).
+  /// Copies model()'s weights and buffers to the device (after loading weights into it, e.g. by
+  /// checkpoint::load_model); Adam's moments and step count start again from zero.
   void upload_parameters() { device_.upload({}, {}, 0); }
 
   /// The host model and its arena (what checkpoint::save_model writes after download()).

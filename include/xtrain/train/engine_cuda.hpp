@@ -57,7 +57,7 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
         dev_(gpu_),
         host_(std::move(model), optimizer, std::move(communicator), checked(std::move(options)),
               refused(std::move(loss))),
-        device_(dev_, host_.model(), host_.params(), optimizer) {}
+        device_(dev_, host_.model(), host_.params(), optimizer, host_.options().seed()) {}
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
@@ -74,6 +74,7 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
     const std::size_t cols = sample.elements();
     XTRAIN_CHECK(rows > 0 && y.size() == rows, ShapeError, "backend::Cuda: a batch of inputs ", x.shape().str(),
                  " with labels ", y.shape().str(), " (one class id per sample)");
+    gpu_.make_current();
     to_device();
     const std::size_t room = std::max(rows, host_.global_batch());  // sized once: the graph keeps the pointers
     batch_x_.reserve(gpu_, room * cols);
@@ -213,6 +214,7 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
   // The device's state into the host mirror, if the device changed it since.
   void to_host() {
     if (!device_changed_) return;
+    gpu_.make_current();
     auto& s = host_.optimizer_state();
     device_.download(std::span<float>(s.exp_avg), std::span<float>(s.exp_avg_sq));
     device_changed_ = false;
@@ -220,7 +222,13 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
   // The host mirror's state onto the device, if the host changed it since.
   void to_device() {
     if (!host_changed_) return;
+    gpu_.make_current();
     const auto& s = host_.optimizer_state();
+    if (host_.options().seed() != seed_) {  // a resumed run's: the captured Dropout draws carry the old one
+      seed_ = host_.options().seed();
+      device_.set_seed(seed_);
+      graph_.reset();
+    }
     device_.upload(std::span<const float>(s.exp_avg), std::span<const float>(s.exp_avg_sq), host_.optimizer_steps());
     host_changed_ = false;
   }
@@ -233,6 +241,7 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
   backend::cuda::Buffer<float> batch_x_;
   backend::cuda::Buffer<std::int32_t> batch_y_;
   double terms_ = 0.0;
+  std::uint64_t seed_ = host_.options().seed();
   bool host_changed_ = true, device_changed_ = false;
 };
 

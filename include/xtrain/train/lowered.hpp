@@ -15,8 +15,8 @@
 ///
 /// The layers keep their CPU implementations untouched; a lowered layer binds to their
 /// parameters (through the host ParamArena's offsets) and settings. Lowered so far: Sequential,
-/// Linear, Conv2d (im2col and one product for the batch), MaxPool2d, BatchNorm1d (over [N, C];
-/// with the ReLU after it fused), ReLU, Flatten.
+/// Linear, Conv2d (im2col and one product for the batch), MaxPool2d, BatchNorm1d (over [N, C])
+/// and BatchNorm2d (each with the ReLU after it fused), ReLU, Dropout (the CPU's masks), Flatten.
 
 #include <algorithm>
 #include <cstddef>
@@ -38,6 +38,7 @@
 #include "xtrain/layers/activations.hpp"
 #include "xtrain/layers/batch_norm.hpp"
 #include "xtrain/layers/conv2d.hpp"
+#include "xtrain/layers/dropout.hpp"
 #include "xtrain/layers/linear.hpp"
 #include "xtrain/layers/pooling.hpp"
 #include "xtrain/layers/sequential.hpp"
@@ -113,6 +114,8 @@ struct Context {
   float* values;           // the device copy, same offsets
   float* grads;
   bool training = true;
+  std::uint64_t seed = 0;               // of Dropout's masks (TrainingOptions::seed)
+  const std::uint64_t* step = nullptr;  // on the device: the optimizer steps taken (Dropout's stream)
   float* value(const Param& p) const { return values + (p.data() - host_base); }
   float* grad(const Param& p) const { return grads + (p.data() - host_base); }
 };
@@ -129,7 +132,7 @@ template <class L, class D>
 class Lowered {
   static_assert(no_lowering<L>,
                 "xtrain: backend::Cuda has no device implementation of this layer yet (lowered so far: Sequential, "
-                "Linear, Conv2d, MaxPool2d, BatchNorm1d, ReLU, Flatten)");
+                "Linear, Conv2d, MaxPool2d, BatchNorm1d, BatchNorm2d, ReLU, Dropout, Flatten)");
 };
 
 template <class D>
@@ -432,6 +435,135 @@ class Lowered<layers::BatchNorm1d, D> {
   typename D::template Buffer<float> xhat_, y_, dx_;
 };
 
+template <class D>
+class Lowered<layers::BatchNorm2d, D> {
+ public:
+  Lowered(layers::BatchNorm2d& bn, Context<D>& c)
+      : host_(&bn),
+        c_(bn.features()),
+        gamma_(c.value(bn.weight())),
+        beta_(c.value(bn.bias())),
+        ggamma_(c.grad(bn.weight())),
+        gbeta_(c.grad(bn.bias())),
+        running_(c.dev, 2 * c_),
+        stats_(c.dev, 5 * c_),
+        tracked_(c.dev, 1) {
+    XTRAIN_CHECK(!bn.sync_stats(), ValueError, bn.describe(), ": SyncBatchNorm has no device implementation yet");
+  }
+  /// Set when the ReLU after it is applied here.
+  bool fuse_relu = false;
+  Shape out_shape(const Shape& in) const {
+    XTRAIN_CHECK(in.rank() == 3 && in[0] == c_, ShapeError, host_->describe(), " on the device: a sample of shape ",
+                 in.str(), ", expected [", c_, ", height, width]");
+    return in;
+  }
+  // Statistics from per-plane sums (one thread per plane) added per channel over the images in
+  // order; x-hat recomputed from x in backward (as the CPU's planes): x is the caller's buffer,
+  // kept until backward as every layer's input.
+  const float* forward(Context<D>& c, const float* x, std::size_t n, const Shape& in) {
+    (void)out_shape(in);
+    n_ = n;
+    sp_ = in[1] * in[2];
+    x_ = x;
+    training_ = c.training;
+    const std::size_t total = n * c_ * sp_;
+    XTRAIN_CHECK(!c.training || n * sp_ > 1, ValueError, host_->describe(),
+                 ": expected more than 1 value per channel when training");
+    y_.reserve(c.dev, total);
+    sums_.reserve(c.dev, 2 * n * c_);
+    float* rm = running_.data();
+    if (c.training) {
+      c.dev.launch(ops::PlaneSums{x, nullptr, sums_.data(), n * c_, c_, sp_});
+      c.dev.launch(ops::ChannelStatistics{sums_.data(), mean(), invstd(), rm, rm + c_, tracked_.data(), n, c_, sp_,
+                                          host_->momentum(), host_->eps(), false});
+      c.dev.launch(ops::PlaneSums{x, mean(), sums_.data(), n * c_, c_, sp_});
+      c.dev.launch(ops::ChannelStatistics{sums_.data(), mean(), invstd(), rm, rm + c_, tracked_.data(), n, c_, sp_,
+                                          host_->momentum(), host_->eps(), true});
+    } else {
+      c.dev.launch(ops::BatchNormStatistics{x, mean(), invstd(), rm, rm + c_, tracked_.data(), 0, c_, host_->momentum(),
+                                            host_->eps(), false});
+    }
+    c.dev.launch(ops::NormalizePlanes{x, mean(), invstd(), gamma_, beta_, y_.data(), total, c_, sp_, fuse_relu});
+    return y_.data();
+  }
+  const float* backward(Context<D>& c, const float* dy, bool need_dx) {
+    XTRAIN_CHECK(training_, ValueError, host_->describe(), " on the device: backward after an evaluation forward");
+    float* s = stats_.data();
+    c.dev.launch(
+        ops::PlaneSumDotXhat{dy, x_, mean(), invstd(), gamma_, beta_, sums_.data(), n_ * c_, c_, sp_, fuse_relu});
+    c.dev.launch(ops::ChannelBackwardSums{sums_.data(), gamma_, invstd(), ggamma_, gbeta_, s + 2 * c_, s + 3 * c_,
+                                          s + 4 * c_, n_, c_, sp_});
+    if (!need_dx) return nullptr;
+    dx_.reserve(c.dev, n_ * c_ * sp_);
+    c.dev.launch(ops::PlaneInputGrad{dy, x_, mean(), invstd(), gamma_, beta_, s + 2 * c_, s + 3 * c_, s + 4 * c_,
+                                     dx_.data(), n_ * c_ * sp_, c_, sp_, fuse_relu});
+    return dx_.data();
+  }
+  void upload(Context<D>& c) {
+    c.dev.upload(running_.data(), host_->running_mean().data(), c_);
+    c.dev.upload(running_.data() + c_, host_->running_var().data(), c_);
+    tracked_host_ = host_->num_batches_tracked();
+    c.dev.upload(tracked_.data(), &tracked_host_, 1);
+    c.dev.synchronize();
+  }
+  void download(Context<D>& c) {
+    BatchNormBuffers<D> v{c.dev, running_.data(), tracked_.data(), c_};
+    host_->visit(v);
+    c.dev.synchronize();
+  }
+
+ private:
+  float* mean() const { return stats_.data(); }
+  float* invstd() const { return stats_.data() + c_; }
+
+  layers::BatchNorm2d* host_;
+  std::size_t c_, n_ = 0, sp_ = 0;
+  bool training_ = true;
+  const float* x_ = nullptr;
+  const float *gamma_, *beta_;
+  float *ggamma_, *gbeta_;
+  typename D::template Buffer<float> running_, stats_;
+  typename D::template Buffer<std::int64_t> tracked_;
+  std::int64_t tracked_host_ = 0;
+  typename D::template Buffer<double> sums_;
+  typename D::template Buffer<float> y_, dx_;
+};
+
+template <class D>
+class Lowered<layers::Dropout, D> {
+ public:
+  Lowered(layers::Dropout& d, Context<D>&) : host_(&d) {}
+  Shape out_shape(const Shape& in) const { return in; }
+  // The CPU layer's masks: stream (dropout | id << 40 | step), element e of the batch at word e % 4
+  // of block e / 4 (one process: the batch's first sample is sample 0 of the global batch).
+  const float* forward(Context<D>& c, const float* x, std::size_t n, const Shape& in) {
+    active_ = c.training && host_->p() > 0.0f;
+    if (!active_) return x;
+    n_ = n * in.elements();
+    y_.reserve(c.dev, n_);
+    mask_.reserve(c.dev, n_);
+    const float p = host_->p(), scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+    const std::uint64_t stream = streams::dropout | (static_cast<std::uint64_t>(host_->id()) << 40);
+    c.dev.launch(ops::DropoutForward{x, y_.data(), mask_.data(), n_, c.seed, stream, c.step, p, scale});
+    return y_.data();
+  }
+  const float* backward(Context<D>& c, const float* dy, bool need_dx) {
+    if (!need_dx) return nullptr;
+    if (!active_) return dy;
+    dx_.reserve(c.dev, n_);
+    c.dev.launch(ops::Multiply{dy, mask_.data(), dx_.data(), n_});
+    return dx_.data();
+  }
+  void upload(Context<D>&) {}
+  void download(Context<D>&) {}
+
+ private:
+  layers::Dropout* host_;
+  bool active_ = false;
+  std::size_t n_ = 0;
+  typename D::template Buffer<float> y_, mask_, dx_;
+};
+
 template <class... Layers, class D>
 class Lowered<layers::Sequential<Layers...>, D> {
   using Children = std::tuple<Lowered<layers::unnamed_t<Layers>, D>...>;
@@ -442,7 +574,7 @@ class Lowered<layers::Sequential<Layers...>, D> {
       : children_([&]<std::size_t... I>(std::index_sequence<I...>) {
           return Children{Lowered<layers::unnamed_t<Layers>, D>(s.template get<I>(), c)...};
         }(std::index_sequence_for<Layers...>{})) {
-    // A BatchNorm1d followed by a ReLU applies it in its own pass (the CPU's fusion).
+    // A BatchNorm followed by a ReLU applies it in its own pass (the CPU's fusion).
     [&]<std::size_t... I>(std::index_sequence<I...>) { (fuse<I>(), ...); }
     (std::make_index_sequence<count - 1>{});
   }
@@ -474,8 +606,9 @@ class Lowered<layers::Sequential<Layers...>, D> {
   void fuse() {
     using A = std::tuple_element_t<I, Children>;
     using B = std::tuple_element_t<I + 1, Children>;
-    if constexpr (std::is_same_v<A, Lowered<layers::BatchNorm1d, D>> &&
-                  std::is_base_of_v<Lowered<layers::Activation, D>, B>) {
+    if constexpr ((std::is_same_v<A, Lowered<layers::BatchNorm1d, D>> ||
+                   std::is_same_v<
+                       A, Lowered<layers::BatchNorm2d, D>>)&&std::is_base_of_v<Lowered<layers::Activation, D>, B>) {
       std::get<I>(children_).fuse_relu = true;
       std::get<I + 1>(children_).absorbed = true;
     }
@@ -497,7 +630,8 @@ class DeviceModel {
   using Buffer = typename D::template Buffer<T>;
 
  public:
-  DeviceModel(D& dev, Model& model, ParamArena& arena, const Optimizer& optimizer)
+  /// `seed`: Dropout's (TrainingOptions::seed, as the CPU engine's).
+  DeviceModel(D& dev, Model& model, ParamArena& arena, const Optimizer& optimizer, std::uint64_t seed = 0)
       : dev_(dev),
         optimizer_(optimizer),
         arena_(arena),
@@ -505,14 +639,16 @@ class DeviceModel {
         grads_(dev, arena.size()),
         m_(dev, arena.size()),
         v_(dev, arena.size()),
-        ctx_{dev, arena.values().data(), values_.data(), grads_.data(), true},
-        lowered_(model, ctx_),
         metrics_(dev, 1),
         scalars_(dev, 1),
         step_(dev, 1),
-        lr_(dev, 1) {
+        lr_(dev, 1),
+        ctx_{dev, arena.values().data(), values_.data(), grads_.data(), true, seed, step_.data()},
+        lowered_(model, ctx_) {
     reset_metrics();
   }
+  /// Dropout's seed from now on (a resumed run's).
+  void set_seed(std::uint64_t seed) noexcept { ctx_.seed = seed; }
   DeviceModel(const DeviceModel&) = delete;
   DeviceModel& operator=(const DeviceModel&) = delete;
 
@@ -614,12 +750,12 @@ class DeviceModel {
   Optimizer optimizer_;
   ParamArena& arena_;
   Buffer<float> values_, grads_, m_, v_;
-  Context<D> ctx_;
-  Lowered<Model, D> lowered_;
   Buffer<ops::Metrics> metrics_;
   Buffer<ops::AdamScalars> scalars_;
   Buffer<std::uint64_t> step_;
   Buffer<float> lr_;
+  Context<D> ctx_;
+  Lowered<Model, D> lowered_;
   float lr_now_ = -1.0f;
   std::uint64_t step_host_ = 0;
   Buffer<float> dlogits_;

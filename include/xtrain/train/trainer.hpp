@@ -323,12 +323,13 @@ class Trainer {
   /// Ends fit() after the current epoch (for callbacks).
   void request_stop() noexcept { stop_requested_ = true; }
 
-  Model& model() noexcept { return engine_.model(); }
+  // Not noexcept: on backend::Cuda they copy the device's state back first (and a GPU fault throws).
+  Model& model() { return engine_.model(); }
   const Optimizer& optimizer() const noexcept { return engine_.optimizer(); }
-  typename Optimizer::State& optimizer_state() noexcept { return engine_.optimizer_state(); }
+  typename Optimizer::State& optimizer_state() { return engine_.optimizer_state(); }
   /// The flat parameters and gradients. Under zero_stage(3) on several ranks a rank holds its
   /// block and the parameters outside the units only: read the rest inside with_full_parameters.
-  ParamArena& params() noexcept { return engine_.params(); }
+  ParamArena& params() { return engine_.params(); }
   /// Runs f() with every parameter whole on this rank (zero_stage(3): all-gathered before and
   /// given back after; otherwise just f()). Collective: call it on every rank (then, e.g., sample
   /// on rank 0 only). save_model, load_model and checkpoints do this themselves.
