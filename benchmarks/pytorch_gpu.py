@@ -1,19 +1,20 @@
 #!/usr/bin/env python3
 """PyTorch's twin of examples/fashion_mnist_cuda on a GPU: the homework MLP (784-H-BN-ReLU-10),
-LeNet-5 or convbn, Adam, cross-entropy, Fashion-MNIST in device memory, batch B, the last partial batch dropped.
+LeNet-5, convbn or the small ResNet (tests/cnn_models.py's twins), Adam, cross-entropy, Fashion-MNIST in device memory, batch B, the last partial batch dropped.
 
 Two ways, as the CUDA issue measured them: eager (fused Adam) and the whole step captured by hand as
 one CUDA graph (torch.cuda.graph, capturable fused Adam; the batch gathered into the graph's static
 inputs before each replay). Prints one line per way:
   pytorch-gpu <model> <eager|graph> samples/s <rate> us/step <t> test_accuracy <acc>
 
-usage: pytorch_gpu.py DATA_DIR [--model mlp|lenet|convbn] [--epochs N] [--batch B] [--hidden H] [--lr X]
+usage: pytorch_gpu.py DATA_DIR [--model mlp|lenet|convbn|resnet] [--epochs N] [--batch B] [--hidden H] [--lr X]
                       [--modes eager,graph]
 """
 import argparse
 import gzip
 import os
 import struct
+import sys
 import time
 
 import numpy as np
@@ -40,6 +41,12 @@ def load(folder, device):
 def model_for(args, device):
     torch.manual_seed(42)
     nn = torch.nn
+    if args.model == "resnet":
+        # tests/cnn_models.py: beside this script in a gpu-check bundle, else in the source tree.
+        here = os.path.dirname(os.path.abspath(__file__))
+        sys.path[:0] = [here, os.path.join(here, "..", "tests")]
+        import cnn_models
+        return nn.Sequential(nn.Unflatten(1, (1, 28, 28)), cnn_models.resnet()).to(device)
     if args.model == "convbn":
         return nn.Sequential(nn.Unflatten(1, (1, 28, 28)), nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32),
                              nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
@@ -120,7 +127,7 @@ def run(mode, args, train, test, device):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("data")
-    p.add_argument("--model", default="mlp", choices=["mlp", "lenet", "convbn"])
+    p.add_argument("--model", default="mlp", choices=["mlp", "lenet", "convbn", "resnet"])
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--hidden", type=int, default=32)

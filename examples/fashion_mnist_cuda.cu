@@ -1,5 +1,6 @@
-// The homework's SimpleModel (Linear -> BatchNorm1d -> ReLU -> Linear), LeNet-5 or convbn (three
-// convolutions with BatchNorm2d, Dropout) trained on Fashion-MNIST on an NVIDIA GPU, two ways:
+// The homework's SimpleModel (Linear -> BatchNorm1d -> ReLU -> Linear), LeNet-5, convbn (three
+// convolutions with BatchNorm2d, Dropout) or the small ResNet (six BasicBlocks) trained on
+// Fashion-MNIST on an NVIDIA GPU, two ways:
 //  - by default xtrain::cuda::Program: the data set in device memory, each training step one CUDA
 //    graph launch (the batch gathered on the device), the CPU example's data order;
 //  - with --trainer, Trainer<..., backend::Cuda> (the loop every example uses: batches made on the
@@ -7,6 +8,7 @@
 //
 //   build/examples/fashion_mnist_cuda --epochs 10 --batch 32 --hidden 32
 //   build/examples/fashion_mnist_cuda --model lenet --batch 64
+//   build/examples/fashion_mnist_cuda --model resnet --batch 64 --epochs 3
 //   build/examples/fashion_mnist_cuda --trainer --export model.safetensors   (PyTorch loads it)
 //
 // Prints the GPU, then one line per epoch (loss, accuracy, samples/s) and the test accuracy.
@@ -43,10 +45,12 @@ struct Flags {
 };
 
 const char* usage =
-    "usage: fashion_mnist_cuda [--model mlp|lenet|convbn] [--data DIR] [--epochs N] [--batch N] [--hidden N] [--lr X]\n"
+    "usage: fashion_mnist_cuda [--model mlp|lenet|convbn|resnet] [--data DIR] [--epochs N] [--batch N] [--hidden N] "
+    "[--lr X]\n"
     "                          [--seed N] [--trainer] [--export FILE.safetensors]\n"
     "  --model        mlp: 784-H-BatchNorm1d-ReLU-10 (the homework's); lenet: LeNet-5 (padding 2); convbn: 3\n"
-    "                 convolutions with BatchNorm2d, max pooling, Dropout (fashion_mnist_cnn's)\n"
+    "                 convolutions with BatchNorm2d, max pooling, Dropout; resnet: a stem and 6 BasicBlocks (16, 32,\n"
+    "                 64 channels), global average pooling (fashion_mnist_cnn's)\n"
     "  --trainer      train with Trainer<..., backend::Cuda> (default: cuda::Program, the data set on the GPU)\n"
     "  --data DIR     Fashion-MNIST's IDX files or the homework's .npy files (default: XTRAIN_DATA_DIR, else\n"
     "                 /usr/share/datasets/fashion-mnist: Debian's dataset-fashion-mnist)\n"
@@ -155,9 +159,9 @@ int train_model(const Flags& flags, xtrain::backend::Cuda& gpu, Model model, con
 }
 
 int run(const Flags& flags) {
-  if (flags.model != "mlp" && flags.model != "lenet" && flags.model != "convbn") {
-    std::fprintf(stderr, "fashion_mnist_cuda: --model %s: expected mlp, lenet or convbn\n%s", flags.model.c_str(),
-                 usage);
+  if (flags.model != "mlp" && flags.model != "lenet" && flags.model != "convbn" && flags.model != "resnet") {
+    std::fprintf(stderr, "fashion_mnist_cuda: --model %s: expected mlp, lenet, convbn or resnet\n%s",
+                 flags.model.c_str(), usage);
     return xtrain::exit_code::usage;
   }
   xtrain::backend::Cuda gpu;
@@ -178,6 +182,7 @@ int run(const Flags& flags) {
   test.with_sample_shape(xtrain::Shape{1, 28, 28});
   XTRAIN_CHECK(classes == 10, ShapeError, "--model ", flags.model, ": 10 classes expected, the data has ", classes);
   if (flags.model == "convbn") return train_model(flags, gpu, cnn_models::convbn(), train, test);
+  if (flags.model == "resnet") return train_model(flags, gpu, cnn_models::resnet(), train, test);
   return train_model(flags, gpu, cnn_models::lenet(), train, test);
 }
 

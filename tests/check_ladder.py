@@ -17,7 +17,7 @@ LADDER = [
     ("backend",),                                 # executors, thread pools: where loops run, where memory is
     ("kernels",),                                 # CPU kernels, each with a scalar twin
     ("layers", "loss", "optim", "precision"),     # what a model, a loss, an optimizer and a precision are
-    ("parallel",),                                # communicators, gradient synchronisation, agreement
+    ("parallel", "lowering"),                     # communicators, gradient sync; models lowered onto a device
     ("checkpoint",),                              # archives, safetensors, the collective save/load
     ("data",),                                    # datasets, loaders
     ("train",),                                   # engine, trainer, accelerator

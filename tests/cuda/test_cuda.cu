@@ -8,8 +8,9 @@
 //     GPU (eager, captured, replayed) and by the CPU Engine: the same weights and BatchNorm
 //     buffers to fp32 rounding;
 //   - the same GPU run twice: bitwise the same weights; a warm epoch allocates no device memory;
-//   - LeNet (convolutions through im2col and cuBLASLt, max pooling) and convbn (BatchNorm2d,
-//     Dropout) under the Trainer on the GPU and on the CPU: one epoch to the same loss;
+//   - LeNet (convolutions through im2col and cuBLASLt, max pooling), convbn (BatchNorm2d,
+//     Dropout) and the ResNet (BasicBlocks, global average pooling) under the Trainer on the GPU
+//     and on the CPU: one epoch to the same loss;
 //   - Trainer<..., backend::Cuda> against Trainer<...> on the CPU: two epochs of the MLP on 6400
 //     images to the same losses and accuracies; its checkpoint resumed by a CPU Trainer, its
 //     safetensors export read by the CPU's load_model.
@@ -273,6 +274,13 @@ int main() {
         return cnn_models::convbn();
       },
       split.train, split.test, 1600);
+  cnn_against_cpu(
+      "ResNet",
+      [] {
+        xtrain::set_seed(9);
+        return cnn_models::resnet();
+      },
+      split.train, split.test, 1280);
 
   std::printf("%s\n", failures ? "FAILED" : "all passed");
   return failures ? 1 : 0;

@@ -428,6 +428,8 @@ class AvgPool2d {
   template <class V>
   void visit(V&) {}
 
+  const kernels::Window& window() const noexcept { return window_; }
+  bool count_include_pad() const noexcept { return include_pad_; }
   std::string describe() const {
     return "AvgPool2d(kernel_size=" + window_.kernel.str() + ", stride=" + window_.stride.str() +
            ", padding=" + window_.padding.str() + (include_pad_ ? ")" : ", count_include_pad=False)");
@@ -509,6 +511,7 @@ class AdaptiveAvgPool2d {
   template <class V>
   void visit(V&) {}
 
+  Size2 output_size() const noexcept { return out_; }
   std::string describe() const { return "AdaptiveAvgPool2d(output_size=" + out_.str() + ")"; }
 
  private:

@@ -98,6 +98,11 @@ class BasicBlock {
   BatchNorm2d& bn1() noexcept { return bn1_; }
   BatchNorm2d& bn2() noexcept { return bn2_; }
   bool has_downsample() const noexcept { return downsample_.has_value(); }
+  /// The shortcut's convolution and BatchNorm; requires has_downsample().
+  Downsample& downsample() {
+    XTRAIN_CHECK(downsample_.has_value(), ValueError, describe(), ": the shortcut is the identity");
+    return *downsample_;
+  }
   std::string describe() const {
     return "BasicBlock(" + std::to_string(in_) + ", " + std::to_string(out_) + ", stride=" + std::to_string(stride_) +
            (downsample_ ? ", downsample)" : ")");

@@ -1,7 +1,7 @@
 #pragma once
 /// \file cuda_program.hpp
 /// Training on a backend::Cuda GPU (nvcc only): `cuda::CudaDevice`, the Device policy of
-/// train/lowered.hpp on a GPU (device memory, the kernel bodies launched on the stream, cuBLASLt),
+/// lowering/ on a GPU (device memory, the kernel bodies launched on the stream, cuBLASLt),
 /// and `cuda::Program<Model, Optimizer>`: a model of the lowered layers, its cross-entropy loss and
 /// its Adam/AdamW optimizer with the data set in device memory, one training step one graph
 /// launch. (Trainer<..., backend::Cuda> runs on the same DeviceModel: train/engine_cuda.hpp.)
@@ -30,14 +30,14 @@
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/cuda_gemm.hpp"
 #include "xtrain/kernels/device_ops.hpp"
-#include "xtrain/train/lowered.hpp"
+#include "xtrain/lowering/model.hpp"
 
 namespace xtrain::cuda {
 
 using backend::Cuda;
 namespace ops = kernels::device;
 
-/// The Device policy of train/lowered.hpp on a GPU: Buffer<T> in device memory (counted by the
+/// The Device policy of lowering/ on a GPU: Buffer<T> in device memory (counted by the
 /// backend), kernel bodies launched on its stream, row-major products through cuBLASLt, copies on
 /// the stream, and scalars (the learning rate) copied from a ring of pinned slots so that a step
 /// in flight keeps reading its own.

@@ -1,0 +1,90 @@
+#pragma once
+// What the tests of include/xtrain/lowering share: a layer lowered on lowering::HostDevice (host
+// memory, each kernel body a loop, the CPU's GEMM) against the CPU layer on the same input, and a
+// model's first training steps on the host device against the CPU Engine on real Fashion-MNIST.
+// The GPU runs the same lowering with the Device swapped (tests/cuda/test_cuda.cu).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "support.hpp"
+#include "xtrain/lowering/model.hpp"
+#include "xtrain/xtrain.hpp"
+
+namespace xtrain::test {
+
+inline double largest_difference(std::span<const float> a, std::span<const float> b) {
+  double d = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return d;
+}
+
+/// One layer lowered on the host device against its CPU forward and backward on the same
+/// uniform input: the output, the input gradient and the parameter gradients.
+template <class Layer>
+void layer_against_cpu(Layer cpu_layer, const Shape& batch_shape, std::uint64_t seed) {
+  Layer lowered_layer = cpu_layer;  // the same weights
+  ParamArena cpu_arena = adopt_model(cpu_layer, ParamArena::alignment, memory::host());
+  ParamArena arena = adopt_model(lowered_layer, ParamArena::alignment, memory::host());
+  std::copy(cpu_arena.values().begin(), cpu_arena.values().end(), arena.values().begin());
+  Tensor<float> x(batch_shape);
+  Generator gen(seed);
+  for (float& v : x) v = gen.uniform(-1.0f, 1.0f);
+  Context ctx;
+  const Tensor<float>& y = forward(ctx, cpu_layer, x);
+  Tensor<float> dy(y.shape());
+  for (float& v : dy) v = gen.uniform(-1.0f, 1.0f);
+  cpu_arena.zero_grad();
+  const Tensor<float>& dx = backward(ctx, cpu_layer, dy);
+
+  lowering::HostDevice dev;
+  std::vector<float> values(arena.values().begin(), arena.values().end()), grads(arena.size(), 0.0f);
+  const std::uint64_t step = 0;  // the CPU Context's seed and step: 0
+  lowering::Context<lowering::HostDevice> c{dev, arena.values().data(), values.data(), grads.data(), true, 0, &step};
+  lowering::Lowered<Layer, lowering::HostDevice> lowered(lowered_layer, c);
+  const Shape sample = lowering::sample_shape(batch_shape);
+  REQUIRE(lowered.out_shape(sample) == lowering::sample_shape(y.shape()));
+  const float* out = lowered.forward(c, x.data(), batch_shape[0], sample);
+  for (std::size_t i = 0; i < y.size(); ++i) REQUIRE(out[i] == Approx(y.data()[i]).margin(1e-5));
+  const float* din = lowered.backward(c, dy.data(), true);
+  for (std::size_t i = 0; i < dx.size(); ++i) REQUIRE(din[i] == Approx(dx.data()[i]).margin(1e-5));
+  for (std::size_t i = 0; i < grads.size(); ++i) REQUIRE(grads[i] == Approx(cpu_arena.grads()[i]).margin(1e-4));
+}
+
+/// `steps` training steps of batch `batch` (Fashion-MNIST's first training images, [1, 28, 28])
+/// on the CPU Engine and on the host device, both from make() and `optimizer` with Dropout's
+/// `seed`; the losses summed on the device equal to the CPU's to 1e-5; then
+/// check(cpu_engine, device_model, device_arena) with the device's state copied back.
+template <class Make, class Optimizer, class Check>
+void steps_against_cpu(Make make, Optimizer optimizer, std::uint64_t seed, std::size_t batch, std::size_t steps,
+                       Check check) {
+  using Model = decltype(make());
+  const data::TensorDataset& data = fashion_head<64>();
+  REQUIRE(batch * steps <= 64);
+  Engine<Model, Optimizer> cpu(make(), optimizer, parallel::SingleProcess{}, TrainingOptions{}.seed(seed));
+  Model model = make();
+  ParamArena arena = adopt_model(model, ParamArena::alignment, memory::host());
+  lowering::HostDevice dev;
+  lowering::DeviceModel<Model, Optimizer, lowering::HostDevice> device(dev, model, arena, optimizer, seed);
+  device.upload({}, {}, 0);
+  device.set_lr(optimizer.learning_rate());
+  double loss_sum = 0.0;
+  for (std::size_t s = 0; s < steps; ++s) {
+    Tensor<float> x({batch, 1, 28, 28});
+    Tensor<std::int32_t> y({batch});
+    std::copy_n(data.features().data() + s * batch * 784, batch * 784, x.data());
+    std::copy_n(data.labels().data() + s * batch, batch, y.data());
+    cpu.micro_step(x, y, 0, batch);
+    loss_sum += cpu.last_loss_sum();
+    device.enqueue_step(x.data(), y.data(), batch, Shape{1, 28, 28}, static_cast<double>(batch));
+  }
+  CHECK(device.read_metrics().loss_sum == Approx(loss_sum).epsilon(1e-5));
+  device.download();
+  check(cpu, model, arena);
+}
+
+}  // namespace xtrain::test
