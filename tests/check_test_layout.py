@@ -34,6 +34,8 @@ COVERED_ELSEWHERE = {
     "kernels/device_conv.hpp": (["lowering/test_conv.cpp", "lowering/test_batch_norm.cpp", "lowering/test_composite.cpp"],
                                 "the image bodies, through the lowered layers against the CPU's"),
     "lowering/device.hpp": (["lowering/test_model.cpp"], "HostDevice runs every lowering test"),
+    "lowering/loss.hpp": (["lowering/test_model.cpp"], "cross-entropy and MSE through training steps against the CPU Engine"),
+    "lowering/optimizer.hpp": (["lowering/test_model.cpp"], "Adam, AdamW and SGD through training steps against the CPU Engine"),
     "kernels/cuda_gemm.hpp": (["cuda/test_cuda.cu", "kernels/test_device_ops.cpp"],
                               "cuBLASLt against the CPU GEMM on a GPU; the row-major mapping everywhere"),
     "kernels/gemm_amx.hpp": (["kernels/test_gemm_lowp.cpp"], "the bf16 GEMM's AMX path, against the scalar twin"),

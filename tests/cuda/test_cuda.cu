@@ -10,7 +10,7 @@
 //   - the same GPU run twice: bitwise the same weights; a warm epoch allocates no device memory;
 //   - LeNet (convolutions through im2col and cuBLASLt, max pooling), convbn (BatchNorm2d,
 //     Dropout) and the ResNet (BasicBlocks, global average pooling) under the Trainer on the GPU
-//     and on the CPU: one epoch to the same loss;
+//     and on the CPU: one epoch to the same loss; LeNet likewise with SGD and gradient clipping;
 //   - Trainer<..., backend::Cuda> against Trainer<...> on the CPU: two epochs of the MLP on 6400
 //     images to the same losses and accuracies; its checkpoint resumed by a CPU Trainer, its
 //     safetensors export read by the CPU's load_model.
@@ -186,22 +186,23 @@ void trainer_against_cpu(xtrain::data::TensorDataset train, xtrain::data::Tensor
 }
 // A CNN of examples/cnn_models.hpp under the Trainer on the GPU and on the CPU: one epoch of
 // `images` images to the same loss and accuracy.
-template <class Make>
+template <class Make, class Optimizer = xtrain::optim::Adam>
 void cnn_against_cpu(const char* name, Make make, xtrain::data::TensorDataset train, xtrain::data::TensorDataset test,
-                     std::size_t images) {
+                     std::size_t images, Optimizer optimizer = xtrain::optim::Adam{}.lr(1e-3f),
+                     xtrain::TrainingOptions options = {}) {
   train.truncate(images);
-  test.truncate(1000);
+  test.truncate(1000 + 37);  // the GPU evaluates in chunks of the batch: a partial last one
   using Net = decltype(make());
-  using Adam = xtrain::optim::Adam;
-  const auto options = xtrain::TrainingOptions{}.batch_size(64).epochs(1).seed(4).verbose(false);
-  xtrain::Trainer<Net, Adam> cpu(make(), Adam{}.lr(1e-3f), options);
-  xtrain::Trainer<Net, Adam, xtrain::FullPrecision, xtrain::parallel::SingleProcess, xtrain::backend::Cuda> gpu(
-      make(), Adam{}.lr(1e-3f), options);
+  options.batch_size(64).epochs(1).seed(4).verbose(false);
+  xtrain::Trainer<Net, Optimizer> cpu(make(), optimizer, options);
+  xtrain::Trainer<Net, Optimizer, xtrain::FullPrecision, xtrain::parallel::SingleProcess, xtrain::backend::Cuda> gpu(
+      make(), optimizer, options);
   const auto c = cpu.fit(train, test).epochs.back();
   const auto g = gpu.fit(train, test).epochs.back();
   std::printf("      %s, 1 epoch: CPU train loss %.5f test accuracy %.2f%%, GPU %.5f %.2f%% (%.0f samples/s)\n", name,
               c.train.loss, c.test.accuracy, g.train.loss, g.test.accuracy, g.samples_per_second);
   expect(std::fabs(c.train.loss - g.train.loss) < 5e-3 * c.train.loss &&
+             std::fabs(c.test.loss - g.test.loss) < 5e-3 * c.test.loss &&
              std::fabs(c.test.accuracy - g.test.accuracy) < 1.0,
          std::string(name) + " under the Trainer on the GPU: the CPU's loss and accuracy");
 }
@@ -281,6 +282,14 @@ int main() {
         return cnn_models::resnet();
       },
       split.train, split.test, 1280);
+  cnn_against_cpu(
+      "LeNet with SGD (Nesterov), clip_grad_norm(1) and clip_grad_value(0.05)",
+      [] {
+        xtrain::set_seed(9);
+        return cnn_models::lenet();
+      },
+      split.train, split.test, 3200, xtrain::optim::SGD{}.lr(0.05f).momentum(0.9f).nesterov(true),
+      xtrain::TrainingOptions{}.clip_grad_norm(1.0).clip_grad_value(0.05f));
 
   std::printf("%s\n", failures ? "FAILED" : "all passed");
   return failures ? 1 : 0;

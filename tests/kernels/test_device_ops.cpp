@@ -207,6 +207,55 @@ TEST_CASE("device ops: Adam and AdamW steps as the CPU optimizers'", "[kernels][
   }
 }
 
+TEST_CASE("device ops: SGD's steps as optim::SGD's", "[kernels][cuda]") {
+  const std::size_t n = 37;
+  const float lr = 0.1f;
+  for (const auto& sgd : {optim::SGD{}.lr(lr).momentum(0.9f).nesterov(true).weight_decay(0.01f),
+                          optim::SGD{}.lr(lr).momentum(0.8f).dampening(0.3f), optim::SGD{}.lr(lr)}) {
+    INFO(sgd.describe());
+    std::vector<float> p = uniform_values(n, 40), pd = p, buf(n, 0.0f);
+    optim::SGD::State state = sgd.init(n);
+    std::uint64_t step = 0;
+    dev::SgdScalars k{};
+    for (int s = 1; s <= 3; ++s) {
+      const std::vector<float> g = uniform_values(n, 41 + static_cast<std::uint64_t>(s));
+      StepInfo info;
+      info.lr = lr;
+      info.step = static_cast<std::uint64_t>(s);
+      sgd.step(std::span<float>(p), std::span<const float>(g), state, info);
+      dev::run_on_host(dev::SgdPrepare{&lr, &step, &k});
+      dev::run_on_host(dev::SgdUpdate{pd.data(), buf.data(), g.data(), &k, n, sgd.momentum(), 1.0f - sgd.dampening(),
+                                      sgd.weight_decay(), sgd.nesterov()});
+    }
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(pd[i] == Approx(p[i]).epsilon(1e-6));
+    if (sgd.momentum() != 0.0f)
+      for (std::size_t i = 0; i < n; ++i) REQUIRE(buf[i] == Approx(state.momentum_buffer[i]).epsilon(1e-6));
+    REQUIRE(step == 3);
+  }
+}
+
+TEST_CASE("device ops: gradient clipping as the CPU's, the norm bitwise the segmented one", "[kernels][cuda]") {
+  // Three segments, the last one short (and not a multiple of the 32 lanes).
+  const std::size_t n = 2 * optim::norm_segment + 1000 + 7;
+  std::vector<float> g = uniform_values(n, 50);
+  std::vector<double> cpu_sums((n + optim::norm_segment - 1) / optim::norm_segment);
+  optim::segment_sums_of_squares(g, cpu_sums);
+  const dev::LaneSumsOfSquares body{g.data(), nullptr, n};
+  REQUIRE(body.segments() == cpu_sums.size());
+  std::vector<double> lanes(body.count());
+  dev::run_on_host(dev::LaneSumsOfSquares{g.data(), lanes.data(), n});
+  double scalars[2] = {};
+  for (const double max_norm : {1.0, 1e6}) {
+    dev::run_on_host(dev::ClipCoefficient{lanes.data(), body.segments(), max_norm, scalars, scalars + 1});
+    REQUIRE(scalars[0] == optim::norm_of_segments(cpu_sums));
+    std::vector<float> cpu = g, device = g;
+    optim::scale_to_norm(cpu, scalars[0], max_norm);
+    optim::clip_grad_value(cpu, 0.01f);
+    dev::run_on_host(dev::ClipGradients{device.data(), scalars + 1, n, 0.01f});
+    REQUIRE(device == cpu);  // bitwise: the same double product, rounded once
+  }
+}
+
 TEST_CASE("device ops: a batch gathered by a device-side cursor", "[kernels][cuda]") {
   const std::size_t samples = 6, cols = 3, rows = 2;
   std::vector<float> data(samples * cols);

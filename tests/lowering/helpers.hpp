@@ -56,21 +56,22 @@ void layer_against_cpu(Layer cpu_layer, const Shape& batch_shape, std::uint64_t 
 }
 
 /// `steps` training steps of batch `batch` (Fashion-MNIST's first training images, [1, 28, 28])
-/// on the CPU Engine and on the host device, both from make() and `optimizer` with Dropout's
-/// `seed`; the losses summed on the device equal to the CPU's to 1e-5; then
+/// on the CPU Engine and on the host device, both from make(), `optimizer` and `options` (Dropout's
+/// seed, gradient clipping); the losses summed on the device equal to the CPU's to 1e-5; then
 /// check(cpu_engine, device_model, device_arena) with the device's state copied back.
 template <class Make, class Optimizer, class Check>
-void steps_against_cpu(Make make, Optimizer optimizer, std::uint64_t seed, std::size_t batch, std::size_t steps,
-                       Check check) {
+void steps_against_cpu(Make make, Optimizer optimizer, const TrainingOptions& options, std::size_t batch,
+                       std::size_t steps, Check check) {
   using Model = decltype(make());
   const data::TensorDataset& data = fashion_head<64>();
   REQUIRE(batch * steps <= 64);
-  Engine<Model, Optimizer> cpu(make(), optimizer, parallel::SingleProcess{}, TrainingOptions{}.seed(seed));
+  Engine<Model, Optimizer> cpu(make(), optimizer, parallel::SingleProcess{}, options);
   Model model = make();
   ParamArena arena = adopt_model(model, ParamArena::alignment, memory::host());
   lowering::HostDevice dev;
-  lowering::DeviceModel<Model, Optimizer, lowering::HostDevice> device(dev, model, arena, optimizer, seed);
-  device.upload({}, {}, 0);
+  lowering::DeviceModel<Model, Optimizer, lowering::HostDevice> device(dev, model, arena, optimizer, options.seed());
+  device.set_clipping(options.clip_grad_norm(), options.clip_grad_value());
+  device.upload(typename Optimizer::State{}, 0);
   device.set_lr(optimizer.learning_rate());
   double loss_sum = 0.0;
   for (std::size_t s = 0; s < steps; ++s) {

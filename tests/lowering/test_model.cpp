@@ -51,7 +51,7 @@ TEST_CASE("lowered: the MLP's training steps on the host device = the CPU Engine
       ParamArena arena = adopt_model(model, ParamArena::alignment, memory::host());
       lowering::HostDevice dev;
       lowering::DeviceModel<LoweredMlp, Opt, lowering::HostDevice> device(dev, model, arena, optimizer);
-      device.upload({}, {}, 0);
+      device.upload(typename Opt::State{}, 0);
       device.set_lr(optimizer.learning_rate());
       double loss_sum = 0.0;
       std::size_t correct = 0;
@@ -72,13 +72,13 @@ TEST_CASE("lowered: the MLP's training steps on the host device = the CPU Engine
       CHECK(m.loss_sum == Approx(loss_sum).epsilon(1e-6));
       CHECK(static_cast<std::size_t>(m.correct) == correct);
       CHECK(m.samples == 96);
-      std::vector<float> exp_avg(arena.size()), exp_avg_sq(arena.size());
-      device.download(exp_avg, exp_avg_sq);
+      typename Opt::State state = optimizer.init(arena.size());
+      device.download(&state);
       const double scale = largest_difference(cpu.params().values(), std::vector<float>(arena.size(), 0.0f));
       const double diff = largest_difference(arena.values(), cpu.params().values());
       INFO("largest weight difference " << diff << " (largest weight " << scale << ")");
       CHECK(diff <= 1e-6 * scale);
-      CHECK(largest_difference(exp_avg_sq, cpu.optimizer_state().exp_avg_sq) <= 1e-9);
+      CHECK(largest_difference(state.exp_avg_sq, cpu.optimizer_state().exp_avg_sq) <= 1e-9);
       const auto& bn = model.get<2>();
       const auto& bn_cpu = cpu.model().template get<2>();
       CHECK(largest_difference(bn.running_var(), bn_cpu.running_var()) <= 1e-6);
@@ -114,6 +114,9 @@ TEST_CASE("lowered: what has no device implementation is refused by name", "[low
   std::vector<std::int32_t> y(2);
   REQUIRE_THROWS_WITH(device.enqueue_step(x.data(), y.data(), 2, Shape{100}, 2.0),
                       Catch::Contains("Linear(784, 32) on the device: a sample of shape [100]"));
+  using WithLoss = lowering::DeviceModel<LoweredMlp, optim::Adam, lowering::HostDevice, loss::CrossEntropyLoss>;
+  REQUIRE_THROWS_WITH(WithLoss(dev, mlp, mlp_arena, optim::Adam{}, 0, loss::CrossEntropyLoss{}.ignore_index(-100)),
+                      Catch::Contains("CrossEntropyLoss has no ignore_index yet"));
 }
 
 TEST_CASE("lowered: LeNet's training steps on the host device = the CPU Engine's", "[lowering]") {
@@ -121,9 +124,11 @@ TEST_CASE("lowered: LeNet's training steps on the host device = the CPU Engine's
     set_seed(9);
     return cnn_models::lenet();
   };
-  test::steps_against_cpu(lenet, optim::Adam{}.lr(1e-3f), 0, 16, 2, [](auto& cpu, auto&, ParamArena& arena) {
-    weights_agree(cpu, arena, 1e-5);  // 1 % of one step of lr: the products sum in other orders than the CPU's kernels
-  });
+  test::steps_against_cpu(
+      lenet, optim::Adam{}.lr(1e-3f), TrainingOptions{}, 16, 2, [](auto& cpu, auto&, ParamArena& arena) {
+        weights_agree(cpu, arena,
+                      1e-5);  // 1 % of one step of lr: the products sum in other orders than the CPU's kernels
+      });
 }
 
 TEST_CASE("lowered: convbn's training steps (BatchNorm2d + ReLU fused, Dropout) = the CPU Engine's", "[lowering]") {
@@ -131,17 +136,18 @@ TEST_CASE("lowered: convbn's training steps (BatchNorm2d + ReLU fused, Dropout) 
     set_seed(11);
     return cnn_models::convbn();
   };
-  test::steps_against_cpu(convbn, optim::Adam{}.lr(1e-3f), 5, 8, 2, [](auto& cpu, auto& model, ParamArena& arena) {
-    // The convolutions' biases feed BatchNorm, which removes them: their gradients are noise
-    // that Adam turns into steps of either sign (see lowered_mlp), and the running means follow
-    // them. Everything else must agree, to 5 % of one step of lr (Adam's first steps scale a
-    // small gradient up).
-    weights_agree(cpu, arena, 5e-5, {"0.bias", "3.bias", "7.bias"});
-    const auto& bn = model.template get<4>();
-    const auto& bn_cpu = cpu.model().template get<4>();
-    CHECK(largest_difference(bn.running_var(), bn_cpu.running_var()) <= 1e-6);
-    CHECK(bn.num_batches_tracked() == 2);
-  });
+  test::steps_against_cpu(convbn, optim::Adam{}.lr(1e-3f), TrainingOptions{}.seed(5), 8, 2,
+                          [](auto& cpu, auto& model, ParamArena& arena) {
+                            // The convolutions' biases feed BatchNorm, which removes them: their gradients are noise
+                            // that Adam turns into steps of either sign (see lowered_mlp), and the running means follow
+                            // them. Everything else must agree, to 5 % of one step of lr (Adam's first steps scale a
+                            // small gradient up).
+                            weights_agree(cpu, arena, 5e-5, {"0.bias", "3.bias", "7.bias"});
+                            const auto& bn = model.template get<4>();
+                            const auto& bn_cpu = cpu.model().template get<4>();
+                            CHECK(largest_difference(bn.running_var(), bn_cpu.running_var()) <= 1e-6);
+                            CHECK(bn.num_batches_tracked() == 2);
+                          });
 }
 
 TEST_CASE("lowered: the ResNet's training steps (BasicBlocks, global average pooling) = the CPU Engine's",
@@ -158,7 +164,7 @@ TEST_CASE("lowered: the ResNet's training steps (BasicBlocks, global average poo
   // the gradient instead, so the weights are compared to 10 % of each tensor's largest step: a
   // wrong term or index moves them by all of it.
   const auto optimizer = optim::Adam{}.lr(1e-3f).eps(1.0f);
-  test::steps_against_cpu(resnet, optimizer, 0, 8, 2, [&](auto& cpu, auto& model, ParamArena& arena) {
+  test::steps_against_cpu(resnet, optimizer, TrainingOptions{}, 8, 2, [&](auto& cpu, auto& model, ParamArena& arena) {
     auto initial = resnet();
     ParamArena start = adopt_model(initial, ParamArena::alignment, memory::host());
     for (const ParamEntry& e : arena.entries()) {
@@ -175,4 +181,105 @@ TEST_CASE("lowered: the ResNet's training steps (BasicBlocks, global average poo
     CHECK(largest_difference(ds.running_var(), ds_cpu.running_var()) <= 5e-5);
     CHECK(ds.num_batches_tracked() == 2);
   });
+}
+
+TEST_CASE("lowered: SGD (momentum, dampening, Nesterov, weight decay) and gradient clipping = the CPU Engine's",
+          "[lowering]") {
+  auto lenet = [] {
+    set_seed(9);
+    return cnn_models::lenet();
+  };
+  // SGD's step is proportional to the gradient: the weights agree to the products' rounding.
+  auto agree = [](auto& cpu, auto&, ParamArena& arena) { weights_agree(cpu, arena, 1e-6); };
+  const auto nesterov = optim::SGD{}.lr(0.05f).momentum(0.9f).nesterov(true).weight_decay(1e-3f);
+  SECTION("Nesterov momentum, the gradients clipped to a global norm of 0.1") {
+    test::steps_against_cpu(lenet, nesterov, TrainingOptions{}.clip_grad_norm(0.1), 16, 3, agree);
+  }
+  SECTION("momentum with dampening, the gradients clamped to [-1e-3, 1e-3]") {
+    test::steps_against_cpu(lenet, optim::SGD{}.lr(0.05f).momentum(0.9f).dampening(0.1f),
+                            TrainingOptions{}.clip_grad_value(1e-3f), 16, 3, agree);
+  }
+  SECTION("plain SGD; Adam with both clippings") {
+    test::steps_against_cpu(lenet, optim::SGD{}.lr(0.05f), TrainingOptions{}, 16, 3, agree);
+    test::steps_against_cpu(lenet, optim::AdamW{}.lr(1e-3f),
+                            TrainingOptions{}.clip_grad_norm(0.5).clip_grad_value(2e-3f), 16, 2,
+                            [](auto& cpu, auto&, ParamArena& arena) { weights_agree(cpu, arena, 1e-5); });
+  }
+}
+
+TEST_CASE("lowered: MSELoss's training steps on the host device = the CPU Engine's", "[lowering]") {
+  auto make = [] {
+    set_seed(17);
+    return nn::Sequential{nn::Linear{784, 16}, nn::ReLU{}, nn::Linear{16, 3}};
+  };
+  using Net = decltype(make());
+  const auto sgd = optim::SGD{}.lr(0.05f).momentum(0.9f);
+  Engine<Net, optim::SGD, FullPrecision, parallel::SingleProcess, backend::Cpu, loss::MSELoss> cpu(
+      make(), sgd, parallel::SingleProcess{}, TrainingOptions{}, loss::MSELoss{});
+  Net model = make();
+  ParamArena arena = adopt_model(model, ParamArena::alignment, memory::host());
+  lowering::HostDevice dev;
+  lowering::DeviceModel<Net, optim::SGD, lowering::HostDevice, loss::MSELoss> device(dev, model, arena, sgd, 0,
+                                                                                     loss::MSELoss{});
+  device.upload(optim::SGD::State{}, 0);
+  device.set_lr(sgd.learning_rate());
+  const data::TensorDataset& data = test::fashion_head<48>();
+  const std::size_t batch = 16;
+  double loss_sum = 0.0;
+  Generator gen(3);
+  for (std::size_t s = 0; s < 3; ++s) {
+    Tensor<float> x({batch, 784});
+    Tensor<float> y({batch, 3});  // three regression targets per image
+    std::copy_n(data.features().data() + s * batch * 784, batch * 784, x.data());
+    for (float& v : y) v = gen.uniform(-1.0f, 1.0f);
+    cpu.micro_step(x, y, 0, batch);
+    loss_sum += cpu.last_loss_sum();
+    device.enqueue_step(x.data(), y.data(), batch, Shape{784}, cpu.loss_normalizer(y, batch));
+  }
+  const kernels::device::Metrics m = device.read_metrics();
+  CHECK(m.loss_sum == Approx(loss_sum).epsilon(1e-6));
+  CHECK(m.correct == 0);
+  optim::SGD::State state = sgd.init(arena.size());
+  device.download(&state);
+  weights_agree(cpu, arena, 1e-6);
+  CHECK(largest_difference(state.momentum_buffer, cpu.optimizer_state().momentum_buffer) <= 1e-6);
+}
+
+TEST_CASE("lowered: SGD resumed from a CPU run's state takes the CPU's next step", "[lowering]") {
+  auto make = [] {
+    set_seed(19);
+    return nn::Sequential{nn::Linear{784, 16}, nn::ReLU{}, nn::Linear{16, 10}};
+  };
+  using Net = decltype(make());
+  const auto sgd = optim::SGD{}.lr(0.05f).momentum(0.9f).dampening(0.2f);
+  Engine<Net, optim::SGD> cpu(make(), sgd, parallel::SingleProcess{});
+  const data::TensorDataset& data = test::fashion_head<48>();
+  const std::size_t batch = 16;
+  auto batch_at = [&](std::size_t s) {
+    Tensor<float> x({batch, 784});
+    Tensor<std::int32_t> y({batch});
+    std::copy_n(data.features().data() + s * batch * 784, batch * 784, x.data());
+    std::copy_n(data.labels().data() + s * batch, batch, y.data());
+    return std::pair{std::move(x), std::move(y)};
+  };
+  for (std::size_t s = 0; s < 2; ++s) {
+    const auto [x, y] = batch_at(s);
+    cpu.micro_step(x, y, 0, batch);
+  }
+  // The device takes over from the CPU run: its weights, momentum and step count.
+  Net model = make();
+  ParamArena arena = adopt_model(model, ParamArena::alignment, memory::host());
+  std::copy(cpu.params().values().begin(), cpu.params().values().end(), arena.values().begin());
+  lowering::HostDevice dev;
+  lowering::DeviceModel<Net, optim::SGD, lowering::HostDevice> device(dev, model, arena, sgd);
+  REQUIRE(cpu.optimizer_steps() == 2);
+  device.upload(cpu.optimizer_state(), cpu.optimizer_steps());
+  device.set_lr(sgd.learning_rate());
+  const auto [x, y] = batch_at(2);
+  cpu.micro_step(x, y, 0, batch);
+  device.enqueue_step(x.data(), y.data(), batch, Shape{784}, static_cast<double>(batch));
+  optim::SGD::State state = sgd.init(arena.size());
+  device.download(&state);
+  weights_agree(cpu, arena, 1e-6);
+  CHECK(largest_difference(state.momentum_buffer, cpu.optimizer_state().momentum_buffer) <= 1e-6);
 }

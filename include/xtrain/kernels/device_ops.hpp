@@ -218,6 +218,29 @@ struct SoftmaxCrossEntropy {
   }
 };
 
+/// Mean squared error over the rows of `pred` [rows, cols] against float targets (one thread
+/// per row): grad = scale (pred - target), row_loss[r] = the sum of the row's squared errors (in
+/// double, in order), row_correct[r] = 0 (a regression has no hits).
+struct SquaredErrorRows {
+  const float *pred, *target;
+  float* grad;
+  double* row_loss;
+  std::int32_t* row_correct;
+  std::size_t rows, cols;
+  float scale;
+  XTRAIN_HD std::size_t count() const { return rows; }
+  XTRAIN_HD void operator()(std::size_t r) const {
+    double total = 0.0;
+    for (std::size_t j = r * cols; j < (r + 1) * cols; ++j) {
+      const float d = pred[j] - target[j];
+      total += static_cast<double>(d) * d;
+      grad[j] = scale * d;
+    }
+    row_loss[r] = total;
+    row_correct[r] = 0;
+  }
+};
+
 /// Adds the rows' losses and hits to `metrics` in row order (one thread), and the step's loss
 /// (sum / normaliser) as `last_loss`.
 struct SumLossRows {
@@ -302,6 +325,108 @@ struct AdamUpdate {
   }
 };
 
+/// The scalars of one SGD step, from the step counter and the learning rate on the device.
+struct SgdScalars {
+  float lr;
+  int started;  ///< whether the momentum buffer holds a step (PyTorch's buffer is None before the first)
+};
+
+/// Advances `*step` and reads `*lr` into the step's scalars (one thread).
+struct SgdPrepare {
+  const float* lr;
+  std::uint64_t* step;
+  SgdScalars* out;
+  XTRAIN_HD std::size_t count() const { return 1; }
+  XTRAIN_HD void operator()(std::size_t) const {
+    const std::uint64_t s = ++*step;
+    *out = {*lr, s > 1 ? 1 : 0};
+  }
+};
+
+/// One SGD update per element, as optim::SGD::step: d = g + wd p; with momentum, buf = d (the
+/// first step) or momentum buf + (1 - dampening) d, and d = buf (or d + momentum buf, Nesterov);
+/// p -= lr d.
+struct SgdUpdate {
+  float *p, *buf;
+  const float* g;
+  const SgdScalars* k;
+  std::size_t n;
+  float momentum, damp, wd;
+  bool nesterov;
+  XTRAIN_HD std::size_t count() const { return n; }
+  XTRAIN_HD void operator()(std::size_t i) const {
+    const SgdScalars s = *k;
+    float d = wd != 0.0f ? g[i] + wd * p[i] : g[i];
+    if (momentum != 0.0f) {
+      const float b = s.started ? buf[i] * momentum + damp * d : d;
+      buf[i] = b;
+      d = nesterov ? d + momentum * b : b;
+    }
+    p[i] -= s.lr * d;
+  }
+};
+
+/// The sums of squares of x [n] as optim::segment_sums_of_squares makes them: segments of
+/// optim::norm_segment values (the last one shorter), each summed in double in 32 lanes (lane j
+/// takes the values j, j + 32, ...). One thread per lane of a segment, so that a warp reads 32
+/// neighbouring values: out[32 s + j] = lane j's sum of segment s.
+struct LaneSumsOfSquares {
+  static constexpr std::size_t segment = 4096, lanes = 32;  // optim::norm_segment; its lanes
+  const float* x;
+  double* out;
+  std::size_t n;
+  XTRAIN_HD std::size_t segments() const { return (n + segment - 1) / segment; }
+  XTRAIN_HD std::size_t count() const { return segments() * lanes; }
+  XTRAIN_HD void operator()(std::size_t t) const {
+    const std::size_t s = t / lanes, j = t % lanes;
+    const std::size_t begin = s * segment, len = n - begin < segment ? n - begin : segment;
+    const float* v = x + begin;
+    double part = 0.0;
+    for (std::size_t i = j; i < len; i += lanes) part += static_cast<double>(v[i]) * v[i];
+    out[t] = part;
+  }
+};
+
+/// The global norm from the lane sums (each segment's 32 lanes added in order, then the
+/// segments in order, as optim::segment_sums_of_squares and optim::norm_of_segments; one thread)
+/// into `norm`, and the gradients' clipping coefficient max_norm / (norm + 1e-6), capped at 1
+/// (torch's clip_grad_norm_), into `coef`.
+struct ClipCoefficient {
+  const double* lane_sums;
+  std::size_t segments;
+  double max_norm;
+  double *norm, *coef;
+  XTRAIN_HD std::size_t count() const { return 1; }
+  XTRAIN_HD void operator()(std::size_t) const {
+    double sq = 0.0;
+    for (std::size_t s = 0; s < segments; ++s) {
+      double segment = 0.0;
+      for (std::size_t j = 0; j < LaneSumsOfSquares::lanes; ++j) segment += lane_sums[s * LaneSumsOfSquares::lanes + j];
+      sq += segment;
+    }
+    *norm = std::sqrt(sq);
+    const double c = max_norm / (*norm + 1e-6);
+    *coef = c < 1.0 ? c : 1.0;
+  }
+};
+
+/// g = g * coef (in double, rounded to float, as optim::scale_to_norm) where coef < 1; then, with
+/// a positive `clip_value`, clamped to [-clip_value, clip_value] (optim::clip_grad_value). A null
+/// `coef` scales nothing.
+struct ClipGradients {
+  float* g;
+  const double* coef;
+  std::size_t n;
+  float clip_value;
+  XTRAIN_HD std::size_t count() const { return n; }
+  XTRAIN_HD void operator()(std::size_t i) const {
+    float v = g[i];
+    if (coef && *coef < 1.0) v = static_cast<float>(v * *coef);
+    if (clip_value > 0.0f) v = v < -clip_value ? -clip_value : (v > clip_value ? clip_value : v);
+    g[i] = v;
+  }
+};
+
 /// y[r, :] = data[index[*cursor + r], :] and labels likewise: a batch gathered from a data set
 /// resident in device memory, the batch's position read from `*cursor` (so that a replayed
 /// graph takes the next batch once AdvanceCursor has run).
@@ -330,9 +455,10 @@ struct AdvanceCursor {
   XTRAIN_HD void operator()(std::size_t) const { *cursor += rows; }
 };
 
-/// Dropout's mask and output, one thread per element: element i of the batch uses word i % 4 of
-/// Philox block i / 4 of stream `stream | *step` (layers::Dropout's masks: the step is read on the
-/// device, so a replayed graph draws the next step's), mask = scale where the draw is >= p.
+/// Dropout's mask and output, one thread per Philox block (4 elements): element i of the batch
+/// uses word i % 4 of block i / 4 of stream `stream | *step` (layers::Dropout's masks: the step is
+/// read on the device, so a replayed graph draws the next step's), mask = scale where the draw is
+/// >= p.
 struct DropoutForward {
   const float* x;
   float* y;
@@ -341,12 +467,15 @@ struct DropoutForward {
   std::uint64_t seed, stream;
   const std::uint64_t* step;
   float p, scale;
-  XTRAIN_HD std::size_t count() const { return n; }
-  XTRAIN_HD void operator()(std::size_t i) const {
-    const auto block = random_block(seed, stream | *step, i / 4);
-    const float m = bits_to_unit_float(block[i % 4]) >= p ? scale : 0.0f;
-    mask[i] = m;
-    y[i] = x[i] * m;
+  XTRAIN_HD std::size_t count() const { return (n + 3) / 4; }
+  XTRAIN_HD void operator()(std::size_t b) const {
+    const auto block = random_block(seed, stream | *step, b);
+    for (std::size_t w = 0; w < 4 && 4 * b + w < n; ++w) {
+      const std::size_t i = 4 * b + w;
+      const float m = bits_to_unit_float(block[w]) >= p ? scale : 0.0f;
+      mask[i] = m;
+      y[i] = x[i] * m;
+    }
   }
 };
 

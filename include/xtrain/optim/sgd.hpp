@@ -38,6 +38,10 @@ class SGD {
   }
 
   float learning_rate() const noexcept { return lr_; }
+  float momentum() const noexcept { return momentum_; }
+  float dampening() const noexcept { return dampening_; }
+  float weight_decay() const noexcept { return weight_decay_; }
+  bool nesterov() const noexcept { return nesterov_; }
   /// "SGD(lr=0.1, momentum=0.9, dampening=0, weight_decay=0, nesterov=false)".
   std::string describe() const {
     std::ostringstream os;

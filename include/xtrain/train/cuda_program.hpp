@@ -3,10 +3,10 @@
 /// Training on a backend::Cuda GPU (nvcc only): `cuda::CudaDevice`, the Device policy of
 /// lowering/ on a GPU (device memory, the kernel bodies launched on the stream, cuBLASLt),
 /// and `cuda::Program<Model, Optimizer>`: a model of the lowered layers, its cross-entropy loss and
-/// its Adam/AdamW optimizer with the data set in device memory, one training step one graph
-/// launch. (Trainer<..., backend::Cuda> runs on the same DeviceModel: train/engine_cuda.hpp.)
+/// its optimizer (Adam, AdamW, SGD) with the data set in device memory, one training step one
+/// graph launch. (Trainer<..., backend::Cuda> runs on the same DeviceModel: train/engine_cuda.hpp.)
 ///
-/// Memory the llm.c way: parameters, gradients and Adam's moments are four device arrays in the
+/// Memory the llm.c way: parameters, gradients and the optimizer's state are device arrays in the
 /// order of the model's host ParamArena (one copy moves all weights either way); activations are
 /// sized by the first step and reused; the data set lives in device memory. The step after the
 /// first is captured: the batch gather (from a permutation uploaded once per epoch), forward, loss
@@ -104,8 +104,8 @@ class CudaDevice {
 };
 
 /// A model's training state on a GPU (lowering::DeviceModel on a CudaDevice).
-template <class Model, class Optimizer>
-using DeviceModel = lowering::DeviceModel<Model, Optimizer, CudaDevice>;
+template <class Model, class Optimizer, class Loss = loss::CrossEntropyLoss>
+using DeviceModel = lowering::DeviceModel<Model, Optimizer, CudaDevice, Loss>;
 
 /// A step that runs eagerly once per batch size, is captured as a CUDA graph the next time the
 /// same size comes, and is replayed from then on; another size runs eagerly (the last partial
@@ -142,7 +142,7 @@ class StepGraph {
   bool warm_ = false;
 };
 
-/// A model, Adam or AdamW and cross-entropy on a GPU with the data set in device memory, one
+/// A model, its optimizer (Adam, AdamW, SGD) and cross-entropy on a GPU with the data set in device memory, one
 /// training step per graph launch. Adopts the model as an Engine does (its parameters move into a
 /// host ParamArena the program owns; model() is the host copy); train with train_epoch() on a
 /// data set uploaded by set_data(); download() writes the weights and BatchNorm buffers back into
@@ -161,7 +161,7 @@ class Program {
         device_(dev_, model_, arena_, optimizer, seed),
         cursor_(gpu, 1) {
     XTRAIN_CHECK(batch > 1, ValueError, "cuda::Program: batch ", batch, " (BatchNorm needs 2 or more rows)");
-    device_.upload({}, {}, 0);
+    device_.upload(typename Optimizer::State{}, 0);
     device_.set_lr(optimizer.learning_rate());
   }
   Program(const Program&) = delete;
@@ -255,8 +255,8 @@ class Program {
   /// Writes the device's weights and buffers into model() (waits for the GPU).
   void download() { device_.download(); }
   /// Copies model()'s weights and buffers to the device (after loading weights into it, e.g. by
-  /// checkpoint::load_model); Adam's moments and step count start again from zero.
-  void upload_parameters() { device_.upload({}, {}, 0); }
+  /// checkpoint::load_model); the optimizer's state and step count start again from zero.
+  void upload_parameters() { device_.upload(typename Optimizer::State{}, 0); }
 
   /// The host model and its arena (what checkpoint::save_model writes after download()).
   Model& model() noexcept { return model_; }

@@ -1,22 +1,24 @@
 #pragma once
 /// \file engine_cuda.hpp
-/// Engine<Model, Optimizer, FullPrecision, SingleProcess, backend::Cuda, CrossEntropyLoss>: what
+/// Engine<Model, Optimizer, FullPrecision, SingleProcess, backend::Cuda, Loss>: what
 /// `Trainer<..., backend::Cuda>` runs on (nvcc only; engine.hpp includes it under nvcc). Each
 /// micro-step copies the batch to the GPU and launches the step there (cuda::DeviceModel: the
 /// model lowered layer by layer; from the second step of a batch size on, one CUDA graph). The
 /// loss and accuracy are summed on the device and read at the end of an epoch (or a save), not
 /// per step: StepResult::loss is NaN here.
 ///
+/// Evaluation (predict in evaluation mode) runs on the GPU, in chunks of the training batch (so
+/// that it allocates nothing the training step does not), the output copied back to the host.
 /// A CPU engine over the same model is the host mirror: the Trainer's checkpoints, safetensors
-/// export, evaluation (predict) and everything else that reads the weights run on it, after the
-/// device's weights, BatchNorm buffers and Adam moments are copied back (once per change). What a
+/// export and everything else that reads the weights run on it, after the
+/// device's weights, BatchNorm buffers and optimizer state are copied back (once per change). What a
 /// host-side change writes (load_state, load_model, params() or model() used to write) goes to the
 /// device before the next step. So a GPU run's checkpoints and exports are the CPU's files, and a
 /// run resumes on either backend.
 ///
-/// Not yet on the GPU: mixed precision, several ranks, accumulation, gradient clipping, parameter
-/// groups, ZeRO, the deterministic reduction, an ignore index; each is refused when the Trainer is
-/// built, by name.
+/// Not yet on the GPU: mixed precision, several ranks, accumulation, parameter groups, ZeRO, the
+/// deterministic reduction, cross-entropy's ignore index; each is refused when the Trainer is
+/// built, by name. Losses: cross-entropy and MSE.
 
 #if !defined(__CUDACC__)
 #error "xtrain/train/engine_cuda.hpp is compiled by nvcc (a .cu file, or CMake's LANGUAGE CUDA)"
@@ -45,8 +47,8 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
       "xtrain: backend::Cuda trains in fp32 so far (FullPrecision); MixedPrecision on the GPU is not built yet");
   static_assert(std::is_same_v<Communicator, parallel::SingleProcess>,
                 "xtrain: backend::Cuda trains on one process so far (parallel::SingleProcess)");
-  static_assert(std::is_same_v<Loss, loss::CrossEntropyLoss>,
-                "xtrain: backend::Cuda trains with loss::CrossEntropyLoss so far");
+  static_assert(std::is_same_v<Loss, loss::CrossEntropyLoss> || std::is_same_v<Loss, loss::MSELoss>,
+                "xtrain: backend::Cuda trains with loss::CrossEntropyLoss or loss::MSELoss so far");
   using Host = Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cpu, Loss>;
 
  public:
@@ -55,13 +57,14 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
   Engine(Model model, Optimizer optimizer, Communicator communicator, TrainingOptions options = {}, Loss loss = {})
       : gpu_(0),
         dev_(gpu_),
-        host_(std::move(model), optimizer, std::move(communicator), checked(std::move(options)),
-              refused(std::move(loss))),
-        device_(dev_, host_.model(), host_.params(), optimizer, host_.options().seed()) {}
+        host_(std::move(model), optimizer, std::move(communicator), checked(std::move(options)), std::move(loss)),
+        device_(dev_, host_.model(), host_.params(), optimizer, host_.options().seed(), host_.loss()) {
+    device_.set_clipping(host_.options().clip_grad_norm(), host_.options().clip_grad_value());
+  }
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  /// One step on this process's batch (x [rows, ...] in host memory, its labels): copied to the
+  /// One step on this process's batch (x [rows, ...] in host memory, its targets): copied to the
   /// GPU, then the step there (a graph replay once warm). The loss is not read back: NaN.
   template <class Input>
   StepResult micro_step(const Input& x, const target_type& y, std::size_t global_offset, std::size_t global_count,
@@ -72,22 +75,34 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
     const std::size_t rows = x.dimension() ? x.shape(0) : 0;
     const Shape sample = lowering::sample_shape(x.shape());
     const std::size_t cols = sample.elements();
-    XTRAIN_CHECK(rows > 0 && y.size() == rows, ShapeError, "backend::Cuda: a batch of inputs ", x.shape().str(),
-                 " with labels ", y.shape().str(), " (one class id per sample)");
+    XTRAIN_CHECK(rows > 0 && y.dimension() > 0 && y.shape(0) == rows, ShapeError, "backend::Cuda: a batch of inputs ",
+                 x.shape().str(), " with targets ", y.shape().str(), " (one row of targets per sample)");
+    const std::size_t per_row = y.size() / rows;
+    if constexpr (std::is_same_v<Loss, loss::MSELoss>) {
+      std::vector<std::size_t> dims{rows};
+      const Shape out = device_.out_shape(sample);
+      dims.insert(dims.end(), out.begin(), out.end());
+      XTRAIN_CHECK(y.shape() == Shape(std::span<const std::size_t>(dims)), ShapeError,
+                   "backend::Cuda: MSELoss targets of shape ", y.shape().str(), " for outputs of shape ",
+                   Shape(std::span<const std::size_t>(dims)).str());
+    } else {
+      XTRAIN_CHECK(y.dimension() == 1, ShapeError, "backend::Cuda: labels of shape ", y.shape().str(), ", expected [",
+                   rows, "] (one class id per sample)");
+    }
     gpu_.make_current();
     to_device();
     const std::size_t room = std::max(rows, host_.global_batch());  // sized once: the graph keeps the pointers
     batch_x_.reserve(gpu_, room * cols);
-    batch_y_.reserve(gpu_, room);
+    batch_y_.reserve(gpu_, room * per_row);
     backend::cuda::upload(gpu_, batch_x_.data(), x.data(), rows * cols);
-    backend::cuda::upload(gpu_, batch_y_.data(), y.data(), rows);
+    backend::cuda::upload(gpu_, batch_y_.data(), y.data(), rows * per_row);
     const float lr = host_.current_lr();
     device_.set_lr(lr);
     const double normaliser = host_.loss_normalizer(y, global_count);
     graph_.run(gpu_, rows, [&] { device_.enqueue_step(batch_x_.data(), batch_y_.data(), rows, sample, normaliser); });
     device_changed_ = true;
     host_.restore(host_.step() + 1, host_.options().seed(), host_.options().schedule());
-    terms_ += static_cast<double>(rows);
+    terms_ += static_cast<double>(host_.loss().count(y));
     StepResult r;
     r.step = host_.step();
     r.loss = std::numeric_limits<float>::quiet_NaN();
@@ -108,9 +123,14 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
     terms_ = 0.0;
   }
 
-  /// Evaluation and prediction run on the host mirror (the device's weights copied back first).
+  /// The model's output for x: in evaluation mode on the GPU (BatchNorm's running statistics
+  /// there), in chunks of at most the training batch, copied back to host memory; in training
+  /// mode on the host mirror (the device's weights copied back first).
   template <class Input>
   const Tensor<float>& predict(Context& ctx, const Input& x) {
+    if constexpr (std::is_same_v<Input, Tensor<float>>) {
+      if (!ctx.training) return predict_on_device(x);
+    }
     to_host();
     return host_.predict(ctx, x);
   }
@@ -119,10 +139,8 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
   }
   void skip_forward() { host_.skip_forward(); }
   Context context(bool training) { return host_.context(training); }
-  void broadcast_buffers() {
-    to_host();
-    host_.broadcast_buffers();
-  }
+  /// One process: the buffers are the device's already (nothing to broadcast, nothing to copy).
+  void broadcast_buffers() noexcept {}
 
   void save_state(const std::string& dir, checkpoint::Position position,
                   const std::vector<checkpoint::Registered>& objects) {
@@ -194,52 +212,68 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
   static TrainingOptions checked(TrainingOptions o) {
     auto refuse = [](bool bad, const std::string& what) {
       XTRAIN_CHECK(!bad, ValueError, "backend::Cuda does not support ", what,
-                   " yet (the GPU engine runs fp32, one process, no accumulation or clipping); train with a CPU "
-                   "backend for it");
+                   " yet (the GPU engine runs fp32, one process, no accumulation); train with a CPU backend for it");
     };
     refuse(o.accumulate() != 1, "accumulate(" + std::to_string(o.accumulate()) + ")");
-    refuse(o.clip_grad_norm() > 0.0 || o.clip_grad_value() > 0.0f, "gradient clipping");
     refuse(o.zero_stage() != 0, "zero_stage(" + std::to_string(o.zero_stage()) + ")");
     refuse(o.deterministic() != 0, "the deterministic reduction");
     refuse(!o.param_groups().empty(), "parameter groups");
     refuse(o.threads() > 1, "host threads (threads(" + std::to_string(o.threads()) + "))");
     return o;
   }
-  static Loss refused(Loss loss) {
-    XTRAIN_CHECK(!loss.ignore_index(), ValueError,
-                 "backend::Cuda does not support CrossEntropyLoss::ignore_index yet; train with a CPU backend for it");
-    return loss;
+
+  const Tensor<float>& predict_on_device(const Tensor<float>& x) {
+    gpu_.make_current();
+    to_device();
+    const std::size_t rows = x.dimension() ? x.shape(0) : 0;
+    const Shape sample = lowering::sample_shape(x.shape());
+    const Shape out = device_.out_shape(sample);
+    std::vector<std::size_t> dims{rows};
+    dims.insert(dims.end(), out.begin(), out.end());
+    predicted_.resize(Shape(std::span<const std::size_t>(dims)));
+    const std::size_t cols = sample.elements(), outs = out.elements();
+    const std::size_t chunk = std::max<std::size_t>(host_.global_batch(), 1);
+    eval_x_.reserve(gpu_, chunk * cols);  // its own buffer: the captured step does not hold it
+    const std::uint64_t before = gpu_.allocations();
+    for (std::size_t b = 0; b < rows; b += chunk) {
+      const std::size_t n = std::min(chunk, rows - b);
+      backend::cuda::upload(gpu_, eval_x_.data(), x.data() + b * cols, n * cols);
+      const float* y = device_.enqueue_eval(eval_x_.data(), nullptr, n, sample, 1.0);
+      backend::cuda::download(gpu_, predicted_.data() + b * outs, y, n * outs);
+    }
+    gpu_.synchronize();
+    if (gpu_.allocations() != before) graph_.reset();  // buffers the captured step holds have moved
+    return predicted_;
   }
 
   // The device's state into the host mirror, if the device changed it since.
   void to_host() {
     if (!device_changed_) return;
     gpu_.make_current();
-    auto& s = host_.optimizer_state();
-    device_.download(std::span<float>(s.exp_avg), std::span<float>(s.exp_avg_sq));
+    device_.download(&host_.optimizer_state());
     device_changed_ = false;
   }
   // The host mirror's state onto the device, if the host changed it since.
   void to_device() {
     if (!host_changed_) return;
     gpu_.make_current();
-    const auto& s = host_.optimizer_state();
     if (host_.options().seed() != seed_) {  // a resumed run's: the captured Dropout draws carry the old one
       seed_ = host_.options().seed();
       device_.set_seed(seed_);
       graph_.reset();
     }
-    device_.upload(std::span<const float>(s.exp_avg), std::span<const float>(s.exp_avg_sq), host_.optimizer_steps());
+    device_.upload(host_.optimizer_state(), host_.optimizer_steps());
     host_changed_ = false;
   }
 
   backend::Cuda gpu_;
   cuda::CudaDevice dev_;
   Host host_;
-  cuda::DeviceModel<Model, Optimizer> device_;
+  cuda::DeviceModel<Model, Optimizer, Loss> device_;
   cuda::StepGraph graph_;
-  backend::cuda::Buffer<float> batch_x_;
-  backend::cuda::Buffer<std::int32_t> batch_y_;
+  backend::cuda::Buffer<float> batch_x_, eval_x_;
+  Tensor<float> predicted_;
+  backend::cuda::Buffer<typename cuda::DeviceModel<Model, Optimizer, Loss>::target_type> batch_y_;
   double terms_ = 0.0;
   std::uint64_t seed_ = host_.options().seed();
   bool host_changed_ = true, device_changed_ = false;

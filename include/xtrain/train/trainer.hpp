@@ -130,13 +130,13 @@ class Trainer {
           profiler()->step();
         }
       }
+      bar.clear();
+      engine_.flush_step_metrics(sums);  // a GPU engine's waits for the device: the epoch's time includes it
       EpochMetrics m;
       m.seconds = seconds_since(start);
-      bar.clear();
       const auto& stats = engine_.comm_stats();
       m.comm_wait_seconds = stats.waiting_seconds;
       m.comm_overlap_seconds = stats.overlap_seconds;
-      engine_.flush_step_metrics(sums);
       communicator().allreduce_sum(std::span<double>(sums, 4), "epoch training metrics");
       m.epoch = epoch;
       m.epochs = epochs;
