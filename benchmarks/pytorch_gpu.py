@@ -4,11 +4,12 @@ LeNet-5, convbn or the small ResNet (tests/cnn_models.py's twins), Adam, cross-e
 
 Two ways, as the CUDA issue measured them: eager (fused Adam) and the whole step captured by hand as
 one CUDA graph (torch.cuda.graph, capturable fused Adam; the batch gathered into the graph's static
-inputs before each replay). Prints one line per way:
-  pytorch-gpu <model> <eager|graph> samples/s <rate> us/step <t> test_accuracy <acc>
+inputs before each replay). With --precision bf16, forward and loss under torch.autocast (bf16; in
+the graph with its cache off, as PyTorch's CUDA-graph notes ask). Prints one line per way:
+  pytorch-gpu <model> <eager|graph>[_bf16] samples/s <rate> us/step <t> test_accuracy <acc>
 
 usage: pytorch_gpu.py DATA_DIR [--model mlp|lenet|convbn|resnet] [--epochs N] [--batch B] [--hidden H] [--lr X]
-                      [--modes eager,graph]
+                      [--modes eager,graph] [--precision fp32|bf16]
 """
 import argparse
 import gzip
@@ -75,6 +76,11 @@ def run(mode, args, train, test, device):
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, fused=True, capturable=mode == "graph")
     b = args.batch
     steps = x.shape[0] // b
+    bf16 = args.precision == "bf16"
+
+    def loss_of(inputs, targets):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
+            return F.cross_entropy(model(inputs), targets)
     gen = torch.Generator(device=device)
     gen.manual_seed(42)
     if mode == "eager":
@@ -83,7 +89,7 @@ def run(mode, args, train, test, device):
             for s in range(steps):
                 i = perm[s * b:(s + 1) * b]
                 opt.zero_grad(set_to_none=True)
-                F.cross_entropy(model(x[i]), y[i]).backward()
+                loss_of(x[i], y[i]).backward()
                 opt.step()
     else:
         sx = torch.empty(b, 784, device=device)
@@ -95,13 +101,13 @@ def run(mode, args, train, test, device):
         with torch.cuda.stream(side):  # warm-up before the capture, as PyTorch's docs do it
             for _ in range(3):
                 opt.zero_grad(set_to_none=True)
-                F.cross_entropy(model(sx), sy).backward()
+                loss_of(sx, sy).backward()
                 opt.step()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         opt.zero_grad(set_to_none=True)
         with torch.cuda.graph(graph):
-            F.cross_entropy(model(sx), sy).backward()
+            loss_of(sx, sy).backward()
             opt.step()
 
         def epoch():
@@ -120,7 +126,8 @@ def run(mode, args, train, test, device):
     seconds = time.perf_counter() - t0
     n = steps * (args.epochs - 1)
     acc = accuracy(model, *test)
-    print(f"pytorch-gpu {args.model} {mode} samples/s {n * b / seconds:.0f} us/step {1e6 * seconds / n:.2f} "
+    name = mode + ("_bf16" if bf16 else "")
+    print(f"pytorch-gpu {args.model} {name} samples/s {n * b / seconds:.0f} us/step {1e6 * seconds / n:.2f} "
           f"test_accuracy {acc:.4f}", flush=True)
 
 
@@ -133,6 +140,7 @@ def main():
     p.add_argument("--hidden", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--modes", default="eager,graph")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("pytorch-gpu: no CUDA device for PyTorch")

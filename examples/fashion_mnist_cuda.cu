@@ -1,4 +1,4 @@
-// The homework's SimpleModel (Linear -> BatchNorm1d -> ReLU -> Linear), LeNet-5, convbn (three
+// The homework's SimpleModel (Linear -> BatchNorm1d -> activation -> Linear), LeNet-5, convbn (three
 // convolutions with BatchNorm2d, Dropout) or the small ResNet (six BasicBlocks) trained on
 // Fashion-MNIST on an NVIDIA GPU, two ways:
 //  - by default xtrain::cuda::Program: the data set in device memory, each training step one CUDA
@@ -6,9 +6,9 @@
 //  - with --trainer, Trainer<..., backend::Cuda> (the loop every example uses: batches made on the
 //    host and copied to the GPU each step, checkpoints and export as on the CPU).
 //
-//   build/examples/fashion_mnist_cuda --epochs 10 --batch 32 --hidden 32
+//   build/examples/fashion_mnist_cuda --epochs 10 --batch 32 --hidden 32 --activation gelu
 //   build/examples/fashion_mnist_cuda --model lenet --batch 64
-//   build/examples/fashion_mnist_cuda --model resnet --batch 64 --epochs 3
+//   build/examples/fashion_mnist_cuda --model resnet --batch 64 --epochs 3 --precision bf16
 //   build/examples/fashion_mnist_cuda --trainer --export model.safetensors   (PyTorch loads it)
 //
 // Prints the GPU, then one line per epoch (loss, accuracy, samples/s) and the test accuracy.
@@ -40,17 +40,21 @@ struct Flags {
   std::size_t epochs = 10, batch = 32, hidden = 32;
   float lr = 1e-3f;
   std::uint64_t seed = 42;
-  std::string export_path, model = "mlp";
+  std::string export_path, model = "mlp", activation = "relu", precision = "fp32";
   bool trainer = false;
 };
 
 const char* usage =
     "usage: fashion_mnist_cuda [--model mlp|lenet|convbn|resnet] [--data DIR] [--epochs N] [--batch N] [--hidden N] "
     "[--lr X]\n"
-    "                          [--seed N] [--trainer] [--export FILE.safetensors]\n"
-    "  --model        mlp: 784-H-BatchNorm1d-ReLU-10 (the homework's); lenet: LeNet-5 (padding 2); convbn: 3\n"
+    "                          [--activation relu|tanh|sigmoid|gelu|gelu_tanh|silu] [--seed N] [--trainer]\n"
+    "                          [--precision fp32|bf16] [--export FILE.safetensors]\n"
+    "  --model        mlp: 784-H-BatchNorm1d-activation-10 (the homework's); lenet: LeNet-5 (padding 2); convbn: 3\n"
     "                 convolutions with BatchNorm2d, max pooling, Dropout; resnet: a stem and 6 BasicBlocks (16, 32,\n"
     "                 64 channels), global average pooling (fashion_mnist_cnn's)\n"
+    "  --activation A the MLP's hidden activation (default relu)\n"
+    "  --precision P  fp32 (default), or bf16: the products of Linear and Conv2d on tensor cores (bf16 operands,\n"
+    "                 fp32 accumulation), the rest in fp32\n"
     "  --trainer      train with Trainer<..., backend::Cuda> (default: cuda::Program, the data set on the GPU)\n"
     "  --data DIR     Fashion-MNIST's IDX files or the homework's .npy files (default: XTRAIN_DATA_DIR, else\n"
     "                 /usr/share/datasets/fashion-mnist: Debian's dataset-fashion-mnist)\n"
@@ -87,6 +91,10 @@ Flags parse(int argc, char** argv) {
         f.trainer = true;
       else if (a == "--model")
         f.model = value();
+      else if (a == "--activation")
+        f.activation = value();
+      else if (a == "--precision")
+        f.precision = value();
       else if (a == "--help" || a == "-h") {
         std::printf("%s", usage);
         std::exit(0);
@@ -102,17 +110,16 @@ Flags parse(int argc, char** argv) {
   return f;
 }
 
-template <class Model>
+template <class Precision, class Model>
 int train_model(const Flags& flags, xtrain::backend::Cuda& gpu, Model model, const xtrain::data::TensorDataset& train,
                 const xtrain::data::TensorDataset& test) {
   std::printf("%s\n", model.describe().c_str());
   if (flags.trainer) {
     const auto options =
         xtrain::TrainingOptions{}.batch_size(flags.batch).epochs(flags.epochs).seed(flags.seed).drop_last(true);
-    xtrain::Trainer<Model, xtrain::optim::Adam, xtrain::FullPrecision, xtrain::parallel::SingleProcess,
-                    xtrain::backend::Cuda>
+    xtrain::Trainer<Model, xtrain::optim::Adam, Precision, xtrain::parallel::SingleProcess, xtrain::backend::Cuda>
         trainer{std::move(model), xtrain::optim::Adam{}.lr(flags.lr), options};
-    std::printf("Trainer<..., backend::Cuda> | Adam lr %g | batch %zu | %zu epochs | seed %llu\n",
+    std::printf("Trainer<..., backend::Cuda> | %s | Adam lr %g | batch %zu | %zu epochs | seed %llu\n", Precision::name,
                 static_cast<double>(flags.lr), flags.batch, flags.epochs, static_cast<unsigned long long>(flags.seed));
     const xtrain::History h = trainer.fit(train, test);
     std::printf("Final Test Accuracy: %.2f%%\n", h.epochs.back().test.accuracy);
@@ -123,12 +130,13 @@ int train_model(const Flags& flags, xtrain::backend::Cuda& gpu, Model model, con
     return 0;
   }
 
-  xtrain::cuda::Program<Model, xtrain::optim::Adam> program(gpu, std::move(model), xtrain::optim::Adam{}.lr(flags.lr),
-                                                            flags.batch, flags.seed);
+  xtrain::cuda::Program<Model, xtrain::optim::Adam, Precision> program(
+      gpu, std::move(model), xtrain::optim::Adam{}.lr(flags.lr), flags.batch, flags.seed);
   program.set_data(train.features(), train.labels());
   xtrain::parallel::GlobalSampler sampler(train.size(), flags.batch, flags.seed, true, true);
-  std::printf("Adam lr %g | batch %zu (the last partial batch of an epoch dropped) | %zu epochs | seed %llu\n",
-              static_cast<double>(flags.lr), flags.batch, flags.epochs, static_cast<unsigned long long>(flags.seed));
+  std::printf("%s | Adam lr %g | batch %zu (the last partial batch of an epoch dropped) | %zu epochs | seed %llu\n",
+              Precision::name, static_cast<double>(flags.lr), flags.batch, flags.epochs,
+              static_cast<unsigned long long>(flags.seed));
   double seconds = 0.0;
   std::size_t steps = 0;
   for (std::size_t epoch = 0; epoch < flags.epochs; ++epoch) {
@@ -158,10 +166,42 @@ int train_model(const Flags& flags, xtrain::backend::Cuda& gpu, Model model, con
   return 0;
 }
 
+template <class Precision>
+int train_on(const Flags& flags, xtrain::backend::Cuda& gpu, nn::ActivationKind activation,
+             xtrain::data::TensorDataset& train, xtrain::data::TensorDataset& test) {
+  const std::size_t features = train.feature_count(), classes = train.num_classes();
+  if (flags.model == "mlp")
+    return train_model<Precision>(
+        flags, gpu,
+        nn::Sequential{nn::Flatten{}, nn::Linear{features, flags.hidden}, nn::BatchNorm1d{flags.hidden},
+                       nn::Activation{activation}, nn::Linear{flags.hidden, classes}},
+        train, test);
+  XTRAIN_CHECK(features == 784, ShapeError, "--model ", flags.model, ": 28 x 28 images expected, the data has ",
+               features, " features per sample");
+  train.with_sample_shape(xtrain::Shape{1, 28, 28});
+  test.with_sample_shape(xtrain::Shape{1, 28, 28});
+  XTRAIN_CHECK(classes == 10, ShapeError, "--model ", flags.model, ": 10 classes expected, the data has ", classes);
+  if (flags.model == "convbn") return train_model<Precision>(flags, gpu, cnn_models::convbn(), train, test);
+  if (flags.model == "resnet") return train_model<Precision>(flags, gpu, cnn_models::resnet(), train, test);
+  return train_model<Precision>(flags, gpu, cnn_models::lenet(), train, test);
+}
+
 int run(const Flags& flags) {
   if (flags.model != "mlp" && flags.model != "lenet" && flags.model != "convbn" && flags.model != "resnet") {
     std::fprintf(stderr, "fashion_mnist_cuda: --model %s: expected mlp, lenet, convbn or resnet\n%s",
                  flags.model.c_str(), usage);
+    return xtrain::exit_code::usage;
+  }
+  if (flags.precision != "fp32" && flags.precision != "bf16") {
+    std::fprintf(stderr, "fashion_mnist_cuda: --precision %s: expected fp32 or bf16 (fp16 is not on the GPU yet)\n%s",
+                 flags.precision.c_str(), usage);
+    return xtrain::exit_code::usage;
+  }
+  nn::ActivationKind activation{};
+  try {
+    activation = nn::activation_kind(flags.activation);
+  } catch (const xtrain::ValueError& e) {
+    std::fprintf(stderr, "fashion_mnist_cuda: --activation: %s\n%s", e.what(), usage);
     return xtrain::exit_code::usage;
   }
   xtrain::backend::Cuda gpu;
@@ -171,19 +211,9 @@ int run(const Flags& flags) {
   std::printf("data %s: %zu train, %zu test, %zu features, %zu classes\n", flags.data.c_str(), train.size(),
               test.size(), features, classes);
   xtrain::set_seed(flags.seed);
-  if (flags.model == "mlp")
-    return train_model(flags, gpu,
-                       nn::Sequential{nn::Flatten{}, nn::Linear{features, flags.hidden}, nn::BatchNorm1d{flags.hidden},
-                                      nn::ReLU{}, nn::Linear{flags.hidden, classes}},
-                       train, test);
-  XTRAIN_CHECK(features == 784, ShapeError, "--model ", flags.model, ": 28 x 28 images expected, the data has ",
-               features, " features per sample");
-  train.with_sample_shape(xtrain::Shape{1, 28, 28});
-  test.with_sample_shape(xtrain::Shape{1, 28, 28});
-  XTRAIN_CHECK(classes == 10, ShapeError, "--model ", flags.model, ": 10 classes expected, the data has ", classes);
-  if (flags.model == "convbn") return train_model(flags, gpu, cnn_models::convbn(), train, test);
-  if (flags.model == "resnet") return train_model(flags, gpu, cnn_models::resnet(), train, test);
-  return train_model(flags, gpu, cnn_models::lenet(), train, test);
+  if (flags.precision == "bf16")
+    return train_on<xtrain::MixedPrecision<xtrain::bf16>>(flags, gpu, activation, train, test);
+  return train_on<xtrain::FullPrecision>(flags, gpu, activation, train, test);
 }
 
 }  // namespace

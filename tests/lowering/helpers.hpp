@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -23,28 +25,69 @@ inline double largest_difference(std::span<const float> a, std::span<const float
   return d;
 }
 
+/// Batch s of `batch` images of `data` (Fashion-MNIST's first ones), shaped [batch, sample...],
+/// and their labels.
+inline std::pair<Tensor<float>, Tensor<std::int32_t>> fashion_batch(const data::TensorDataset& data, std::size_t s,
+                                                                    std::size_t batch, const Shape& sample) {
+  std::vector<std::size_t> dims{batch};
+  dims.insert(dims.end(), sample.begin(), sample.end());
+  Tensor<float> x{Shape(dims)};
+  Tensor<std::int32_t> y({batch});
+  std::copy_n(data.features().data() + s * batch * 784, batch * 784, x.data());
+  std::copy_n(data.labels().data() + s * batch, batch, y.data());
+  return {std::move(x), std::move(y)};
+}
+
+inline float round_bf16(float v) { return static_cast<float>(bf16(v)); }
+
 /// One layer lowered on the host device against its CPU forward and backward on the same
 /// uniform input: the output, the input gradient and the parameter gradients.
+/// With `bf16_products` (a layer of one product: Linear, Conv2d) the lowered layer takes bf16
+/// products and the CPU layer runs in fp32 on the operands rounded to bf16 (the input, the output's
+/// gradient, the parameters named "weight"; the bias stays fp32 on both): the two agree to fp32
+/// rounding only if the device rounds exactly what a bf16 product takes, and nothing else.
 template <class Layer>
-void layer_against_cpu(Layer cpu_layer, const Shape& batch_shape, std::uint64_t seed) {
+void layer_against_cpu(Layer cpu_layer, const Shape& batch_shape, std::uint64_t seed, bool bf16_products = false) {
   Layer lowered_layer = cpu_layer;  // the same weights
   ParamArena cpu_arena = adopt_model(cpu_layer, ParamArena::alignment, memory::host());
   ParamArena arena = adopt_model(lowered_layer, ParamArena::alignment, memory::host());
   std::copy(cpu_arena.values().begin(), cpu_arena.values().end(), arena.values().begin());
-  Tensor<float> x(batch_shape);
+  const auto operand = [&](float v) { return bf16_products ? round_bf16(v) : v; };
+  if (bf16_products)
+    for (const ParamEntry& e : cpu_arena.entries())
+      if (e.name.ends_with("weight"))
+        for (float& w : cpu_arena.values(e)) w = round_bf16(w);
+  Tensor<float> x(batch_shape), x_cpu(batch_shape);
   Generator gen(seed);
   for (float& v : x) v = gen.uniform(-1.0f, 1.0f);
+  std::transform(x.begin(), x.end(), x_cpu.begin(), operand);
   Context ctx;
-  const Tensor<float>& y = forward(ctx, cpu_layer, x);
-  Tensor<float> dy(y.shape());
+  const Tensor<float>& y = forward(ctx, cpu_layer, x_cpu);
+  Tensor<float> dy(y.shape()), dy_cpu(y.shape());
   for (float& v : dy) v = gen.uniform(-1.0f, 1.0f);
+  std::transform(dy.begin(), dy.end(), dy_cpu.begin(), operand);
   cpu_arena.zero_grad();
-  const Tensor<float>& dx = backward(ctx, cpu_layer, dy);
+  const Tensor<float> dx = backward(ctx, cpu_layer, dy_cpu);
+  // The device sums a bias's gradient from the unrounded output gradient (no product): the CPU's
+  // from a second backward on it.
+  std::vector<float> cpu_grads(cpu_arena.grads().begin(), cpu_arena.grads().end());
+  if (bf16_products) {
+    cpu_arena.zero_grad();
+    (void)forward(ctx, cpu_layer, x_cpu);
+    (void)backward(ctx, cpu_layer, dy);
+    for (const ParamEntry& e : cpu_arena.entries())
+      if (!e.name.ends_with("weight"))
+        std::copy_n(cpu_arena.grads().begin() + static_cast<std::ptrdiff_t>(e.offset), e.size,
+                    cpu_grads.begin() + static_cast<std::ptrdiff_t>(e.offset));
+  }
 
   lowering::HostDevice dev;
   std::vector<float> values(arena.values().begin(), arena.values().end()), grads(arena.size(), 0.0f);
+  std::vector<bf16> lowp(arena.size());
+  if (bf16_products) dev.launch(kernels::device::ToBf16{values.data(), lowp.data(), values.size()});
   const std::uint64_t step = 0;  // the CPU Context's seed and step: 0
-  lowering::Context<lowering::HostDevice> c{dev, arena.values().data(), values.data(), grads.data(), true, 0, &step};
+  lowering::Context<lowering::HostDevice> c{
+      dev, arena.values().data(), values.data(), grads.data(), true, 0, &step, bf16_products ? lowp.data() : nullptr};
   lowering::Lowered<Layer, lowering::HostDevice> lowered(lowered_layer, c);
   const Shape sample = lowering::sample_shape(batch_shape);
   REQUIRE(lowered.out_shape(sample) == lowering::sample_shape(y.shape()));
@@ -52,39 +95,45 @@ void layer_against_cpu(Layer cpu_layer, const Shape& batch_shape, std::uint64_t 
   for (std::size_t i = 0; i < y.size(); ++i) REQUIRE(out[i] == Approx(y.data()[i]).margin(1e-5));
   const float* din = lowered.backward(c, dy.data(), true);
   for (std::size_t i = 0; i < dx.size(); ++i) REQUIRE(din[i] == Approx(dx.data()[i]).margin(1e-5));
-  for (std::size_t i = 0; i < grads.size(); ++i) REQUIRE(grads[i] == Approx(cpu_arena.grads()[i]).margin(1e-4));
+  for (std::size_t i = 0; i < grads.size(); ++i) REQUIRE(grads[i] == Approx(cpu_grads[i]).margin(1e-4));
 }
 
 /// `steps` training steps of batch `batch` (Fashion-MNIST's first training images, [1, 28, 28])
 /// on the CPU Engine and on the host device, both from make(), `optimizer` and `options` (Dropout's
-/// seed, gradient clipping); the losses summed on the device equal to the CPU's to 1e-5; then
-/// check(cpu_engine, device_model, device_arena) with the device's state copied back.
-template <class Make, class Optimizer, class Check>
+/// seed, gradient clipping); the losses summed on the device equal to the CPU's to 1e-5 (fp32) or
+/// 1e-2 (MixedPrecision<bf16>: bf16 products on the device; on the CPU also the activations
+/// stored in bf16); then check(cpu_engine, device_model, device_arena) with the device's state
+/// copied back.
+template <class Precision = FullPrecision, class Make, class Optimizer, class Check>
 void steps_against_cpu(Make make, Optimizer optimizer, const TrainingOptions& options, std::size_t batch,
                        std::size_t steps, Check check) {
   using Model = decltype(make());
+  constexpr bool bf16_products = std::is_same_v<Precision, MixedPrecision<bf16>>;
   const data::TensorDataset& data = fashion_head<64>();
   REQUIRE(batch * steps <= 64);
-  Engine<Model, Optimizer> cpu(make(), optimizer, parallel::SingleProcess{}, options);
+  Engine<Model, Optimizer, Precision> cpu(make(), optimizer, parallel::SingleProcess{}, options);
   Model model = make();
   ParamArena arena = adopt_model(model, ParamArena::alignment, memory::host());
   lowering::HostDevice dev;
-  lowering::DeviceModel<Model, Optimizer, lowering::HostDevice> device(dev, model, arena, optimizer, options.seed());
+  lowering::DeviceModel<Model, Optimizer, lowering::HostDevice> device(dev, model, arena, optimizer, options.seed(),
+                                                                       loss::CrossEntropyLoss{}, bf16_products);
   device.set_clipping(options.clip_grad_norm(), options.clip_grad_value());
   device.upload(typename Optimizer::State{}, 0);
   device.set_lr(optimizer.learning_rate());
   double loss_sum = 0.0;
   for (std::size_t s = 0; s < steps; ++s) {
-    Tensor<float> x({batch, 1, 28, 28});
-    Tensor<std::int32_t> y({batch});
-    std::copy_n(data.features().data() + s * batch * 784, batch * 784, x.data());
-    std::copy_n(data.labels().data() + s * batch, batch, y.data());
+    const auto [x, y] = fashion_batch(data, s, batch, Shape{1, 28, 28});
     cpu.micro_step(x, y, 0, batch);
     loss_sum += cpu.last_loss_sum();
     device.enqueue_step(x.data(), y.data(), batch, Shape{1, 28, 28}, static_cast<double>(batch));
   }
-  CHECK(device.read_metrics().loss_sum == Approx(loss_sum).epsilon(1e-5));
+  CHECK(device.read_metrics().loss_sum == Approx(loss_sum).epsilon(bf16_products ? 1e-2 : 1e-5));
   device.download();
+  REQUIRE((device.bf16_parameters() != nullptr) == bf16_products);
+  if constexpr (bf16_products) {  // the products' copy of the parameters: the last step's, rounded
+    const auto values = arena.values();
+    for (std::size_t i = 0; i < values.size(); ++i) REQUIRE(device.bf16_parameters()[i].bits == bf16(values[i]).bits);
+  }
   check(cpu, model, arena);
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 /// \file cuda_gemm.hpp
-/// Matrix products on a backend::Cuda GPU (nvcc only): row-major fp32 through cuBLASLt.
+/// Matrix products on a backend::Cuda GPU (nvcc only): row-major, fp32 or bf16 operands (fp32
+/// accumulation and output) through cuBLASLt.
 
 #if !defined(__CUDACC__)
 #error "xtrain/kernels/cuda_gemm.hpp is compiled by nvcc (a .cu file, or CMake's LANGUAGE CUDA)"
@@ -12,8 +13,10 @@
 #include <cstdint>
 #include <map>
 #include <tuple>
+#include <type_traits>
 
 #include "xtrain/backend/cuda.hpp"
+#include "xtrain/core/precision.hpp"
 #include "xtrain/kernels/device_ops.hpp"
 
 namespace xtrain::kernels::cuda {
@@ -21,10 +24,11 @@ namespace xtrain::kernels::cuda {
 using backend::Cuda;
 using backend::cuda::check;
 
-/// Row-major fp32 products through cuBLASLt with fp32 arithmetic (CUBLAS_COMPUTE_32F: no TF32):
-/// C[m, n] = alpha op(A) op(B) + beta C (+ bias
-/// over C's columns, in the product's epilogue). A plan (descriptors and algorithm) is made once
-/// per shape and kept: later calls allocate nothing and choose the same algorithm.
+/// Row-major products through cuBLASLt with fp32 accumulation (CUBLAS_COMPUTE_32F: no TF32):
+/// C[m, n] (fp32) = alpha op(A) op(B) + beta C (+ bias over C's columns, fp32, in the product's
+/// epilogue), A and B both fp32 or both bf16 (tensor cores: MixedPrecision<bf16>). A plan
+/// (descriptors and algorithm) is made once per shape and operand type and kept: later calls
+/// allocate nothing and choose the same algorithm.
 class Gemm {
  public:
   Gemm() = default;
@@ -34,10 +38,12 @@ class Gemm {
     for (auto& [key, plan] : plans_) plan.destroy();
   }
 
-  void run(Cuda& gpu, const device::RowMajorGemm& shape, const float* a, const float* b, float* c, float alpha,
-           float beta, const float* bias = nullptr) {
+  template <class T>
+  void run(Cuda& gpu, const device::RowMajorGemm& shape, const T* a, const T* b, float* c, float alpha, float beta,
+           const float* bias = nullptr) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>, "cuBLASLt products of fp32 or bf16 operands");
     const device::ColumnMajorGemm cm = device::column_major(shape);
-    Plan& plan = plan_for(gpu, cm, bias != nullptr);
+    Plan& plan = plan_for(gpu, cm, bias != nullptr, std::is_same_v<T, bf16>);
     if (bias && plan.bias_epilogue)
       check(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
             "setting the bias");
@@ -63,13 +69,13 @@ class Gemm {
     }
   };
   using Key =
-      std::tuple<bool, bool, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, bool>;
+      std::tuple<bool, bool, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, bool, bool>;
 
-  Plan& plan_for(Cuda& gpu, const device::ColumnMajorGemm& s, bool bias) {
-    const Key key{s.trans_first, s.trans_second, s.m, s.n, s.k, s.ld_first, s.ld_second, s.ldc, bias};
+  Plan& plan_for(Cuda& gpu, const device::ColumnMajorGemm& s, bool bias, bool bf16_operands) {
+    const Key key{s.trans_first, s.trans_second, s.m, s.n, s.k, s.ld_first, s.ld_second, s.ldc, bias, bf16_operands};
     if (auto it = plans_.find(key); it != plans_.end()) return it->second;
-    Plan p = make_plan(gpu, s, bias);
-    if (bias && !p.algo_found) p = make_plan(gpu, s, false);  // the bias then gets a pass of its own
+    Plan p = make_plan(gpu, s, bias, bf16_operands);
+    if (bias && !p.algo_found) p = make_plan(gpu, s, false, bf16_operands);  // the bias then gets a pass of its own
     if (!p.algo_found) {
       p.destroy();
       check(CUBLAS_STATUS_NOT_SUPPORTED, "no algorithm for this matrix product");
@@ -77,8 +83,9 @@ class Gemm {
     return plans_.emplace(key, p).first->second;
   }
 
-  Plan make_plan(Cuda& gpu, const device::ColumnMajorGemm& s, bool bias) {
+  Plan make_plan(Cuda& gpu, const device::ColumnMajorGemm& s, bool bias, bool bf16_operands) {
     Plan p;
+    const cudaDataType_t operand = bf16_operands ? CUDA_R_16BF : CUDA_R_32F;
     check(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "creating a matmul descriptor");
     const cublasOperation_t ta = s.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t tb = s.trans_second ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -90,10 +97,10 @@ class Gemm {
             "bias epilogue");
     }
     // Stored shapes (before op): the first operand is m x k (k x m transposed), the second k x n.
-    check(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, s.trans_first ? s.k : s.m, s.trans_first ? s.m : s.k,
+    check(cublasLtMatrixLayoutCreate(&p.a, operand, s.trans_first ? s.k : s.m, s.trans_first ? s.m : s.k,
                                      static_cast<std::int64_t>(s.ld_first)),
           "layout");
-    check(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, s.trans_second ? s.n : s.k, s.trans_second ? s.k : s.n,
+    check(cublasLtMatrixLayoutCreate(&p.b, operand, s.trans_second ? s.n : s.k, s.trans_second ? s.k : s.n,
                                      static_cast<std::int64_t>(s.ld_second)),
           "layout");
     check(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, s.m, s.n, static_cast<std::int64_t>(s.ldc)), "layout");
@@ -102,12 +109,14 @@ class Gemm {
     const std::size_t ws = Cuda::blas_workspace_bytes;
     check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
           "workspace size");
-    // Weights and biases sit in the parameter arena at 64-byte boundaries (activations at cudaMalloc's
-    // 256): algorithms that need more are left out.
-    const std::uint32_t align = 64;
+    // Weights and biases sit in the parameter arena at 64-byte boundaries, their bf16 copies at 32
+    // (activations at cudaMalloc's 256): algorithms that need more are left out.
+    const std::uint32_t align = 64, operand_align = bf16_operands ? 32 : 64;
     for (const auto attribute :
-         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES})
+      check(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &operand_align, sizeof(operand_align)), "alignment");
+    for (const auto attribute :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
       check(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &align, sizeof(align)), "alignment");
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;

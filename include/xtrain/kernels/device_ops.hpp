@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "xtrain/core/precision.hpp"
 #include "xtrain/core/rng.hpp"
 
 #if defined(__CUDACC__)
@@ -62,6 +63,91 @@ struct ReluBackward {
   std::size_t n;
   XTRAIN_HD std::size_t count() const { return n; }
   XTRAIN_HD void operator()(std::size_t i) const { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
+};
+
+/// The element-wise functions of layers::Activation on the device. ReLU has its own bodies
+/// above; the others compute PyTorch's definitions with the compiler's libm (`tanhf`, `expf`,
+/// `erff`: CUDA's device versions under nvcc, within a few ulp), where the CPU kernels use their
+/// own polynomials (kernels/elementwise.hpp, relative error below 3e-7): the two agree to a few
+/// ulp (the tests hold them to 1e-5), not bitwise.
+enum class Function : std::uint8_t { tanh, sigmoid, gelu, gelu_tanh, silu };
+
+/// Whether a function's backward reads its input x (else its output y), as the CPU's ops.
+XTRAIN_HD inline bool reads_input(Function f) {
+  return f == Function::gelu || f == Function::gelu_tanh || f == Function::silu;
+}
+
+XTRAIN_HD inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+/// GELU's tanh form as x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3) (the CPU's form).
+XTRAIN_HD inline float gelu_sigmoid_2u(float x) {
+  return sigmoid(2.0f * 0.79788456080286536f * (x + 0.044715f * x * x * x));
+}
+
+/// y = f(x).
+struct FunctionForward {
+  const float* x;
+  float* y;
+  std::size_t n;
+  Function f;
+  XTRAIN_HD std::size_t count() const { return n; }
+  XTRAIN_HD void operator()(std::size_t i) const {
+    const float v = x[i];
+    switch (f) {
+      case Function::tanh:
+        y[i] = tanhf(v);
+        return;
+      case Function::sigmoid:
+        y[i] = sigmoid(v);
+        return;
+      case Function::gelu:
+        y[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+        return;
+      case Function::gelu_tanh:
+        y[i] = v * gelu_sigmoid_2u(v);
+        return;
+      case Function::silu:
+        y[i] = v * sigmoid(v);
+        return;
+    }
+  }
+};
+
+/// dx = dy f'(x), from `saved`: x where reads_input(f), else y.
+struct FunctionBackward {
+  const float* saved;
+  const float* dy;
+  float* dx;
+  std::size_t n;
+  Function f;
+  XTRAIN_HD std::size_t count() const { return n; }
+  XTRAIN_HD void operator()(std::size_t i) const {
+    const float v = saved[i], g = dy[i];
+    switch (f) {
+      case Function::tanh:
+        dx[i] = g * (1.0f - v * v);
+        return;  // y = tanh x
+      case Function::sigmoid:
+        dx[i] = g * v * (1.0f - v);
+        return;  // y = sigmoid x
+      case Function::gelu: {
+        const float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+        const float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+        dx[i] = g * (cdf + v * pdf);
+        return;
+      }
+      case Function::gelu_tanh: {
+        const float s = gelu_sigmoid_2u(v);
+        const float du2 = 2.0f * 0.79788456080286536f * (1.0f + 3.0f * 0.044715f * v * v);
+        dx[i] = g * (s + v * s * (1.0f - s) * du2);
+        return;
+      }
+      case Function::silu: {
+        const float s = sigmoid(v);
+        dx[i] = g * s * (1.0f + v * (1.0f - s));
+        return;
+      }
+    }
+  }
 };
 
 /// out[j] (+)= sum over the rows of x[r, j] (a Linear layer's bias gradient), in fp32, rows in
@@ -515,6 +601,16 @@ struct ColumnMajorGemm {
 constexpr ColumnMajorGemm column_major(const RowMajorGemm& g) noexcept {
   return {g.trans_b, g.trans_a, g.n, g.m, g.k, g.ldb, g.lda, g.ldc};
 }
+
+/// y[i] = x[i] rounded to bf16 (nearest even, as the CPU's bf16): the operands of a product on
+/// tensor cores under MixedPrecision<bf16>.
+struct ToBf16 {
+  const float* x;
+  bf16* y;
+  std::size_t n;
+  XTRAIN_HD std::size_t count() const { return n; }
+  XTRAIN_HD void operator()(std::size_t i) const { y[i] = bf16(x[i]); }
+};
 
 /// x[i] = value.
 struct Fill {

@@ -81,8 +81,10 @@ class Lowered<layers::Sequential<Layers...>, D> {
     constexpr bool batch_norm =
         std::is_same_v<A, Lowered<layers::BatchNorm1d, D>> || std::is_same_v<A, Lowered<layers::BatchNorm2d, D>>;
     if constexpr (batch_norm && std::is_base_of_v<Lowered<layers::Activation, D>, B>) {
-      std::get<I>(children_).fuse_relu = true;
-      std::get<I + 1>(children_).absorbed = true;
+      if (std::get<I + 1>(children_).is_relu()) {  // (an Activation chosen by name may be another)
+        std::get<I>(children_).fuse_relu = true;
+        std::get<I + 1>(children_).absorbed = true;
+      }
     }
   }
   Children children_;

@@ -40,7 +40,8 @@ class Lowered<layers::Conv2d, D> {
         w_(c.value(conv.weight())),
         gw_(c.grad(conv.weight())),
         b_(conv.has_bias() ? c.value(conv.bias()) : nullptr),
-        gb_(conv.has_bias() ? c.grad(conv.bias()) : nullptr) {
+        gb_(conv.has_bias() ? c.grad(conv.bias()) : nullptr),
+        wl_(c.lowp_value(conv.weight())) {
     XTRAIN_CHECK(conv.groups() == 1, ValueError, conv.describe(),
                  ": grouped convolutions have no device implementation yet");
     window_.kernel = conv.kernel_size();
@@ -56,7 +57,9 @@ class Lowered<layers::Conv2d, D> {
   }
   // Forward: the input unfolded (Im2col), one product by the weights for every image at once, then
   // laid out as NCHW images with the bias added. Backward: the weights' gradient from the kept
-  // unfolded input, the bias's from plane sums, the input's folded back (Col2im).
+  // unfolded input, the bias's from plane sums, the input's folded back (Col2im). Under
+  // MixedPrecision<bf16> the products' operands are rounded to bf16 (the unfolded input and the
+  // gradient by channel: copies of their own), fp32 accumulation.
   const float* forward(Context<D>& c, const float* x, std::size_t n, const Shape& in) {
     (void)out_shape(in);
     g_ = detail::window_over(window_, n, in, host_->describe());
@@ -65,7 +68,14 @@ class Lowered<layers::Conv2d, D> {
     yc_.reserve(c.dev, o * cols);
     y_.reserve(c.dev, o * cols);
     c.dev.launch(ops::Im2col{x, cols_.data(), g_});
-    c.dev.gemm({false, false, o, cols, ckk, ckk, cols, cols}, w_, cols_.data(), yc_.data(), 1.0f, 0.0f);
+    const ops::RowMajorGemm product{false, false, o, cols, ckk, ckk, cols, cols};
+    if (wl_) {
+      colsl_.reserve(c.dev, ckk * cols);
+      c.dev.launch(ops::ToBf16{cols_.data(), colsl_.data(), ckk * cols});
+      c.dev.gemm(product, wl_, colsl_.data(), yc_.data(), 1.0f, 0.0f);
+    } else {
+      c.dev.gemm(product, w_, cols_.data(), yc_.data(), 1.0f, 0.0f);
+    }
     c.dev.launch(ops::ChannelsImages{yc_.data(), b_, y_.data(), n, o, g_.oh * g_.ow, false});
     return y_.data();
   }
@@ -73,14 +83,25 @@ class Lowered<layers::Conv2d, D> {
     const std::size_t ckk = g_.c * g_.kh * g_.kw, planes = g_.oh * g_.ow, cols = g_.n * planes,
                       o = host_->out_channels();
     c.dev.launch(ops::ChannelsImages{dy, nullptr, yc_.data(), g_.n, o, planes, true});  // dy by channel
-    c.dev.gemm({false, true, o, ckk, cols, cols, cols, ckk}, yc_.data(), cols_.data(), gw_, 1.0f, 1.0f);
+    const ops::RowMajorGemm weight_grad{false, true, o, ckk, cols, cols, cols, ckk},
+        input_grad{true, false, ckk, cols, o, ckk, cols, cols};
+    if (wl_) {
+      ycl_.reserve(c.dev, o * cols);
+      c.dev.launch(ops::ToBf16{yc_.data(), ycl_.data(), o * cols});
+      c.dev.gemm(weight_grad, ycl_.data(), colsl_.data(), gw_, 1.0f, 1.0f);
+    } else {
+      c.dev.gemm(weight_grad, yc_.data(), cols_.data(), gw_, 1.0f, 1.0f);
+    }
     if (gb_) {
       partial_.reserve(c.dev, g_.n * o);
       c.dev.launch(ops::RowSums{dy, partial_.data(), g_.n * o, planes});   // per image and channel
       c.dev.launch(ops::ColumnSums{partial_.data(), gb_, g_.n, o, true});  // over the images, in order
     }
     if (!need_dx) return nullptr;
-    c.dev.gemm({true, false, ckk, cols, o, ckk, cols, cols}, w_, yc_.data(), cols_.data(), 1.0f, 0.0f);  // dcols
+    if (wl_)  // dcols
+      c.dev.gemm(input_grad, wl_, ycl_.data(), cols_.data(), 1.0f, 0.0f);
+    else
+      c.dev.gemm(input_grad, w_, yc_.data(), cols_.data(), 1.0f, 0.0f);
     dx_.reserve(c.dev, g_.n * g_.c * g_.h * g_.w);
     c.dev.launch(ops::Col2im{cols_.data(), dx_.data(), g_});
     return dx_.data();
@@ -96,7 +117,9 @@ class Lowered<layers::Conv2d, D> {
   float* gw_;
   const float* b_;
   float* gb_;
+  const bf16* wl_;  // the weights in bf16 under MixedPrecision<bf16>, else null
   typename D::template Buffer<float> cols_, yc_, y_, dx_, partial_;
+  typename D::template Buffer<bf16> colsl_, ycl_;
 };
 
 template <class D>

@@ -1,8 +1,10 @@
 #pragma once
 /// \file dense.hpp
 /// The device implementations (lowering/device.hpp) of Linear (one product, the bias in its
-/// epilogue), the activations (ReLU so far), Flatten and Dropout (the CPU layer's masks).
+/// epilogue; under MixedPrecision<bf16> its operands rounded to bf16, fp32 accumulation), the activations (ReLU, Tanh,
+/// Sigmoid, GELU in both forms, SiLU), Flatten and Dropout (the CPU layer's masks).
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 
@@ -29,7 +31,8 @@ class Lowered<layers::Linear, D> {
         w_(c.value(l.weight())),
         gw_(c.grad(l.weight())),
         b_(l.has_bias() ? c.value(l.bias()) : nullptr),
-        gb_(l.has_bias() ? c.grad(l.bias()) : nullptr) {}
+        gb_(l.has_bias() ? c.grad(l.bias()) : nullptr),
+        wl_(c.lowp_value(l.weight())) {}
   /// [*, in] -> [*, out].
   Shape out_shape(const Shape& in) const {
     XTRAIN_CHECK(in.rank() >= 1 && in[in.rank() - 1] == in_, ShapeError, "Linear(", in_, ", ", out_,
@@ -41,15 +44,33 @@ class Lowered<layers::Linear, D> {
     rows_ = n * (in.elements() / in_);
     x_ = x;
     y_.reserve(c.dev, rows_ * out_);
-    c.dev.gemm({false, true, rows_, out_, in_, in_, in_, out_}, x, w_, y_.data(), 1.0f, 0.0f, b_);
+    const ops::RowMajorGemm product{false, true, rows_, out_, in_, in_, in_, out_};
+    if (wl_) {  // MixedPrecision<bf16>: x rounded to bf16 (kept for the weights' gradient)
+      xl_.reserve(c.dev, rows_ * in_);
+      c.dev.launch(ops::ToBf16{x, xl_.data(), rows_ * in_});
+      c.dev.gemm(product, xl_.data(), wl_, y_.data(), 1.0f, 0.0f, b_);
+    } else {
+      c.dev.gemm(product, x, w_, y_.data(), 1.0f, 0.0f, b_);
+    }
     return y_.data();
   }
   const float* backward(Context<D>& c, const float* dy, bool need_dx) {
-    c.dev.gemm({true, false, out_, in_, rows_, out_, in_, in_}, dy, x_, gw_, 1.0f, 1.0f);
+    const ops::RowMajorGemm weight_grad{true, false, out_, in_, rows_, out_, in_, in_},
+        input_grad{false, false, rows_, in_, out_, out_, in_, in_};
+    if (wl_) {
+      dyl_.reserve(c.dev, rows_ * out_);
+      c.dev.launch(ops::ToBf16{dy, dyl_.data(), rows_ * out_});
+      c.dev.gemm(weight_grad, dyl_.data(), xl_.data(), gw_, 1.0f, 1.0f);
+    } else {
+      c.dev.gemm(weight_grad, dy, x_, gw_, 1.0f, 1.0f);
+    }
     if (gb_) c.dev.launch(ops::ColumnSums{dy, gb_, rows_, out_, true});
     if (!need_dx) return nullptr;
     dx_.reserve(c.dev, rows_ * in_);
-    c.dev.gemm({false, false, rows_, in_, out_, out_, in_, in_}, dy, w_, dx_.data(), 1.0f, 0.0f);
+    if (wl_)
+      c.dev.gemm(input_grad, dyl_.data(), wl_, dx_.data(), 1.0f, 0.0f);
+    else
+      c.dev.gemm(input_grad, dy, w_, dx_.data(), 1.0f, 0.0f);
     return dx_.data();
   }
   void upload(Context<D>&) {}
@@ -61,44 +82,73 @@ class Lowered<layers::Linear, D> {
   float* gw_;
   const float* b_;
   float* gb_;
+  const bf16* wl_;  // the weights in bf16 under MixedPrecision<bf16>, else null
   const float* x_ = nullptr;
   typename D::template Buffer<float> y_, dx_;
+  typename D::template Buffer<bf16> xl_, dyl_;  // the products' operands in bf16
 };
 
 template <class D>
 class Lowered<layers::Activation, D> {
  public:
   static constexpr bool parameter_free = true;
-  Lowered(layers::Activation& a, Context<D>&) {
-    XTRAIN_CHECK(a.kind() == layers::ActivationKind::relu, ValueError, a.describe(),
-                 " has no device implementation yet (lowered so far: ReLU)");
-  }
+  Lowered(layers::Activation& a, Context<D>&) : kind_(a.kind()) {}
   Shape out_shape(const Shape& in) const { return in; }
-  /// Set when the layer before it applies the ReLU itself (as the CPU's fusion).
+  bool is_relu() const { return kind_ == layers::ActivationKind::relu; }
+  /// Set when the layer before it applies the ReLU itself (as the CPU's fusion; ReLU only).
   bool absorbed = false;
   const float* forward(Context<D>& c, const float* x, std::size_t n, const Shape& in) {
     if (absorbed) return x;
     n_ = n * in.elements();
+    x_ = x;
     y_.reserve(c.dev, n_);
-    c.dev.launch(ops::ReluForward{x, y_.data(), n_});
+    if (is_relu())
+      c.dev.launch(ops::ReluForward{x, y_.data(), n_});
+    else
+      c.dev.launch(ops::FunctionForward{x, y_.data(), n_, function()});
     return y_.data();
   }
   const float* backward(Context<D>& c, const float* dy, bool need_dx) {
     if (absorbed) return need_dx ? dy : nullptr;
     if (!need_dx) return nullptr;
     dx_.reserve(c.dev, n_);
-    c.dev.launch(ops::ReluBackward{y_.data(), dy, dx_.data(), n_});
+    if (is_relu()) {
+      c.dev.launch(ops::ReluBackward{y_.data(), dy, dx_.data(), n_});
+    } else {
+      const ops::Function f = function();
+      c.dev.launch(ops::FunctionBackward{ops::reads_input(f) ? x_ : y_.data(), dy, dx_.data(), n_, f});
+    }
     return dx_.data();
   }
   void upload(Context<D>&) {}
   void download(Context<D>&) {}
 
  private:
+  ops::Function function() const {
+    switch (kind_) {
+      case layers::ActivationKind::tanh:
+        return ops::Function::tanh;
+      case layers::ActivationKind::sigmoid:
+        return ops::Function::sigmoid;
+      case layers::ActivationKind::gelu:
+        return ops::Function::gelu;
+      case layers::ActivationKind::gelu_tanh:
+        return ops::Function::gelu_tanh;
+      case layers::ActivationKind::silu:
+      case layers::ActivationKind::relu:  // (has its own bodies)
+        break;
+    }
+    return ops::Function::silu;
+  }
+  layers::ActivationKind kind_;
   std::size_t n_ = 0;
+  const float* x_ = nullptr;
   typename D::template Buffer<float> y_, dx_;
 };
-template <class D>
-class Lowered<layers::ReLU, D> : public Lowered<layers::Activation, D> {
+// The named activations (ReLU, Tanh, Sigmoid, SiLU, GELU) are Activations of one kind.
+template <class L, class D>
+requires(std::derived_from<L, layers::Activation> && !std::same_as<L, layers::Activation>) class Lowered<L, D>
+    : public Lowered<layers::Activation, D> {
   using Lowered<layers::Activation, D>::Lowered;
 };
 

@@ -13,7 +13,8 @@
 ///    the stream, cuBLASLt.
 /// A Device provides Buffer<T> (made with (D&, n); reserve(D&, n) keeps memory that is large
 /// enough: a warm step allocates nothing), launch(body), gemm(RowMajorGemm, a, b, c, alpha, beta,
-/// bias), zero / upload / download / set_scalar / synchronize, and allocations().
+/// bias) with float or bf16 operands (fp32 accumulation and output), zero / upload / download / set_scalar /
+/// synchronize, and allocations().
 ///
 /// The layers keep their CPU implementations untouched; a lowered layer binds to their
 /// parameters (through the host ParamArena's offsets) and settings.
@@ -28,6 +29,7 @@
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/device_ops.hpp"
 #include "xtrain/kernels/gemm.hpp"
+#include "xtrain/kernels/gemm_lowp.hpp"
 
 namespace xtrain::lowering {
 
@@ -66,6 +68,13 @@ class HostDevice {
     kernels::gemm(g.trans_a ? Trans::yes : Trans::no, g.trans_b ? Trans::yes : Trans::no, g.m, g.n, g.k, alpha, a,
                   g.lda, b, g.ldb, beta, c, g.ldc, nullptr, bias);
   }
+  /// bf16 operands, fp32 accumulation (MixedPrecision<bf16>): the CPU's mixed-precision GEMM.
+  void gemm(const ops::RowMajorGemm& g, const bf16* a, const bf16* b, float* c, float alpha, float beta,
+            const float* bias = nullptr) {
+    using kernels::Trans;
+    kernels::gemm_lowp<bf16>(g.trans_a ? Trans::yes : Trans::no, g.trans_b ? Trans::yes : Trans::no, g.m, g.n, g.k,
+                             alpha, a, g.lda, b, g.ldb, beta, c, g.ldc, nullptr, bias);
+  }
   template <class T>
   void zero(T* p, std::size_t n) {
     std::fill_n(p, n, T{});
@@ -101,8 +110,12 @@ struct Context {
   bool training = true;
   std::uint64_t seed = 0;               // of Dropout's masks (TrainingOptions::seed)
   const std::uint64_t* step = nullptr;  // on the device: the optimizer steps taken (Dropout's stream)
+  /// Under MixedPrecision<bf16>: the parameters rounded to bf16 (same offsets), the operands of
+  /// the products; else null (fp32 products).
+  const bf16* lowp_values = nullptr;
   float* value(const Param& p) const { return values + (p.data() - host_base); }
   float* grad(const Param& p) const { return grads + (p.data() - host_base); }
+  const bf16* lowp_value(const Param& p) const { return lowp_values ? lowp_values + (p.data() - host_base) : nullptr; }
 };
 
 template <class>
@@ -119,7 +132,7 @@ class Lowered {
   static_assert(no_lowering<L>,
                 "xtrain: backend::Cuda has no device implementation of this layer yet (lowered so far: Sequential, "
                 "Residual, BasicBlock, Linear, Conv2d, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, BatchNorm1d, "
-                "BatchNorm2d, ReLU, Dropout, Flatten)");
+                "BatchNorm2d, the activations, Dropout, Flatten)");
 };
 
 /// Whether lowered layer L has no parameters (it declares `static constexpr bool parameter_free`

@@ -41,18 +41,29 @@ class DeviceModel {
   /// of the output's shape (MSE).
   using target_type = typename DeviceLoss<Loss, D>::target_type;
 
-  /// `seed`: Dropout's (TrainingOptions::seed, as the CPU engine's).
+  /// `seed`: Dropout's (TrainingOptions::seed, as the CPU engine's). `bf16_products`
+  /// (MixedPrecision<bf16>): the products of Linear and Conv2d take bf16 operands with fp32
+  /// accumulation (tensor cores on a GPU), from a bf16 copy of the parameters that each optimizer
+  /// step refreshes; everything else stays fp32.
   DeviceModel(D& dev, Model& model, ParamArena& arena, const Optimizer& optimizer, std::uint64_t seed = 0,
-              const Loss& loss = {})
+              const Loss& loss = {}, bool bf16_products = false)
       : dev_(dev),
         arena_(arena),
         values_(dev, arena.size()),
         grads_(dev, arena.size()),
+        lowp_values_(dev, bf16_products ? arena.size() : 0),
         optimizer_state_(dev, optimizer, arena.size()),
         metrics_(dev, 1),
         step_(dev, 1),
         lr_(dev, 1),
-        ctx_{dev, arena.values().data(), values_.data(), grads_.data(), true, seed, step_.data()},
+        ctx_{dev,
+             arena.values().data(),
+             values_.data(),
+             grads_.data(),
+             true,
+             seed,
+             step_.data(),
+             bf16_products ? lowp_values_.data() : nullptr},
         lowered_(model, ctx_),
         loss_(dev, loss) {
     reset_metrics();
@@ -101,6 +112,7 @@ class DeviceModel {
       dev_.launch(
           ops::ClipGradients{grads_.data(), clip_norm_ > 0.0 ? clip_scalars_.data() + 1 : nullptr, size, clip_value_});
     optimizer_state_.enqueue(dev_, values_.data(), grads_.data(), lr_.data(), step_.data());
+    round_parameters();
   }
 
   /// The model's output in evaluation mode for n samples at x, and the loss sums into the
@@ -134,6 +146,7 @@ class DeviceModel {
   /// and its step count to the device.
   void upload(const typename Optimizer::State& state, std::uint64_t optimizer_steps) {
     dev_.upload(values_.data(), arena_.values().data(), arena_.size());
+    round_parameters();
     lowered_.upload(ctx_);
     optimizer_state_.upload(dev_, state);
     step_host_ = optimizer_steps;
@@ -149,16 +162,25 @@ class DeviceModel {
     lowered_.download(ctx_);
   }
 
+  /// The bf16 copy of the parameters the products read under MixedPrecision<bf16> (device memory;
+  /// null in fp32): each optimizer step and upload() rounds the parameters into it.
+  const bf16* bf16_parameters() const noexcept { return ctx_.lowp_values; }
+
   /// The shape of the model's output for samples of shape `sample`.
   Shape out_shape(const Shape& sample) const { return lowered_.out_shape(sample); }
   D& device() noexcept { return dev_; }
 
  private:
   void reset_metrics() { dev_.zero(metrics_.data(), 1); }
+  // The bf16 copy of the parameters the products read (MixedPrecision<bf16>).
+  void round_parameters() {
+    if (ctx_.lowp_values) dev_.launch(ops::ToBf16{values_.data(), lowp_values_.data(), arena_.size()});
+  }
 
   D& dev_;
   ParamArena& arena_;
   Buffer<float> values_, grads_;
+  Buffer<bf16> lowp_values_;
   DeviceOptimizer<Optimizer, D> optimizer_state_;
   Buffer<ops::Metrics> metrics_;
   Buffer<std::uint64_t> step_;

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <utility>
 
 #include "xtrain/backend/cuda.hpp"
@@ -31,6 +32,7 @@
 #include "xtrain/kernels/cuda_gemm.hpp"
 #include "xtrain/kernels/device_ops.hpp"
 #include "xtrain/lowering/model.hpp"
+#include "xtrain/precision/policy.hpp"
 
 namespace xtrain::cuda {
 
@@ -66,7 +68,8 @@ class CudaDevice {
   void launch(const Body& body) {
     backend::cuda::launch(gpu_.stream(), body);
   }
-  void gemm(const ops::RowMajorGemm& g, const float* a, const float* b, float* c, float alpha, float beta,
+  template <class T>  // float or bf16 operands
+  void gemm(const ops::RowMajorGemm& g, const T* a, const T* b, float* c, float alpha, float beta,
             const float* bias = nullptr) {
     gemm_.run(gpu_, g, a, b, c, alpha, beta, bias);
   }
@@ -146,9 +149,14 @@ class StepGraph {
 /// training step per graph launch. Adopts the model as an Engine does (its parameters move into a
 /// host ParamArena the program owns; model() is the host copy); train with train_epoch() on a
 /// data set uploaded by set_data(); download() writes the weights and BatchNorm buffers back into
-/// model() (to save, export or evaluate on the CPU).
-template <class Model, class Optimizer>
+/// model() (to save, export or evaluate on the CPU). Precision: FullPrecision, or
+/// MixedPrecision<bf16> (the products of Linear and Conv2d on tensor cores: bf16 operands, fp32
+/// accumulation; the rest fp32).
+template <class Model, class Optimizer, class Precision = FullPrecision>
 class Program {
+  static_assert(std::is_same_v<Precision, FullPrecision> || std::is_same_v<Precision, MixedPrecision<bf16>>,
+                "xtrain: cuda::Program runs in FullPrecision or MixedPrecision<bf16> so far");
+
  public:
   /// `batch`: the rows of every training step (the last partial batch of an epoch is dropped);
   /// `seed`: Dropout's masks (as TrainingOptions::seed on the CPU).
@@ -158,7 +166,8 @@ class Program {
         batch_(batch),
         arena_(adopt_model(model_, ParamArena::alignment, memory::host())),
         dev_(gpu),
-        device_(dev_, model_, arena_, optimizer, seed),
+        device_(dev_, model_, arena_, optimizer, seed, loss::CrossEntropyLoss{},
+                std::is_same_v<Precision, MixedPrecision<bf16>>),
         cursor_(gpu, 1) {
     XTRAIN_CHECK(batch > 1, ValueError, "cuda::Program: batch ", batch, " (BatchNorm needs 2 or more rows)");
     device_.upload(typename Optimizer::State{}, 0);

@@ -1,6 +1,6 @@
 #pragma once
 /// \file engine_cuda.hpp
-/// Engine<Model, Optimizer, FullPrecision, SingleProcess, backend::Cuda, Loss>: what
+/// Engine<Model, Optimizer, FullPrecision or MixedPrecision<bf16>, SingleProcess, backend::Cuda, Loss>: what
 /// `Trainer<..., backend::Cuda>` runs on (nvcc only; engine.hpp includes it under nvcc). Each
 /// micro-step copies the batch to the GPU and launches the step there (cuda::DeviceModel: the
 /// model lowered layer by layer; from the second step of a batch size on, one CUDA graph). The
@@ -16,7 +16,10 @@
 /// device before the next step. So a GPU run's checkpoints and exports are the CPU's files, and a
 /// run resumes on either backend.
 ///
-/// Not yet on the GPU: mixed precision, several ranks, accumulation, parameter groups, ZeRO, the
+/// MixedPrecision<bf16>: the products of Linear and Conv2d on tensor cores (bf16 operands, fp32
+/// accumulation), the rest in fp32 (activations are not stored in bf16 on the GPU yet).
+///
+/// Not yet on the GPU: fp16 (loss scaling), several ranks, accumulation, parameter groups, ZeRO, the
 /// deterministic reduction, cross-entropy's ignore index; each is refused when the Trainer is
 /// built, by name. Losses: cross-entropy and MSE.
 
@@ -24,6 +27,7 @@
 #error "xtrain/train/engine_cuda.hpp is compiled by nvcc (a .cu file, or CMake's LANGUAGE CUDA)"
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -42,9 +46,9 @@ namespace xtrain {
 
 template <class Model, class Optimizer, class PrecisionPolicy, class Communicator, class Loss>
 class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Loss> {
-  static_assert(
-      std::is_same_v<PrecisionPolicy, FullPrecision>,
-      "xtrain: backend::Cuda trains in fp32 so far (FullPrecision); MixedPrecision on the GPU is not built yet");
+  static_assert(std::is_same_v<PrecisionPolicy, FullPrecision> || std::is_same_v<PrecisionPolicy, MixedPrecision<bf16>>,
+                "xtrain: backend::Cuda trains in FullPrecision or MixedPrecision<bf16> so far; MixedPrecision<fp16> "
+                "(dynamic loss scaling) on the GPU is not built yet");
   static_assert(std::is_same_v<Communicator, parallel::SingleProcess>,
                 "xtrain: backend::Cuda trains on one process so far (parallel::SingleProcess)");
   static_assert(std::is_same_v<Loss, loss::CrossEntropyLoss> || std::is_same_v<Loss, loss::MSELoss>,
@@ -58,7 +62,8 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
       : gpu_(0),
         dev_(gpu_),
         host_(std::move(model), optimizer, std::move(communicator), checked(std::move(options)), std::move(loss)),
-        device_(dev_, host_.model(), host_.params(), optimizer, host_.options().seed(), host_.loss()) {
+        device_(dev_, host_.model(), host_.params(), optimizer, host_.options().seed(), host_.loss(),
+                std::is_same_v<PrecisionPolicy, MixedPrecision<bf16>>) {
     device_.set_clipping(host_.options().clip_grad_norm(), host_.options().clip_grad_value());
   }
   Engine(const Engine&) = delete;
@@ -79,12 +84,10 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
                  x.shape().str(), " with targets ", y.shape().str(), " (one row of targets per sample)");
     const std::size_t per_row = y.size() / rows;
     if constexpr (std::is_same_v<Loss, loss::MSELoss>) {
-      std::vector<std::size_t> dims{rows};
-      const Shape out = device_.out_shape(sample);
-      dims.insert(dims.end(), out.begin(), out.end());
-      XTRAIN_CHECK(y.shape() == Shape(std::span<const std::size_t>(dims)), ShapeError,
-                   "backend::Cuda: MSELoss targets of shape ", y.shape().str(), " for outputs of shape ",
-                   Shape(std::span<const std::size_t>(dims)).str());
+      const Shape out = device_.out_shape(sample);  // (no allocation per step: the message is built on failure only)
+      XTRAIN_CHECK(y.shape().rank() == out.rank() + 1 && std::equal(out.begin(), out.end(), y.shape().begin() + 1),
+                   ShapeError, "backend::Cuda: MSELoss targets of shape ", y.shape().str(), " for outputs of shape [",
+                   rows, ", ", out.str().substr(1));
     } else {
       XTRAIN_CHECK(y.dimension() == 1, ShapeError, "backend::Cuda: labels of shape ", y.shape().str(), ", expected [",
                    rows, "] (one class id per sample)");
@@ -212,7 +215,7 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
   static TrainingOptions checked(TrainingOptions o) {
     auto refuse = [](bool bad, const std::string& what) {
       XTRAIN_CHECK(!bad, ValueError, "backend::Cuda does not support ", what,
-                   " yet (the GPU engine runs fp32, one process, no accumulation); train with a CPU backend for it");
+                   " yet (the GPU engine runs one process, without accumulation); train with a CPU backend for it");
     };
     refuse(o.accumulate() != 1, "accumulate(" + std::to_string(o.accumulate()) + ")");
     refuse(o.zero_stage() != 0, "zero_stage(" + std::to_string(o.zero_stage()) + ")");
