@@ -349,6 +349,9 @@ int main() {
             nn::Linear{32, 10}};
       },
       split.train, split.test, 3200);
+  model_against_cpu(
+      "convbn with accumulate(2) (Dropout's masks placed in the window)", [] { return cnn_models::convbn(); },
+      split.train, split.test, 1600, xtrain::optim::Adam{}.lr(1e-3f), xtrain::TrainingOptions{}.accumulate(2));
   model_against_cpu<xtrain::MixedPrecision<xtrain::bf16>>("LeNet in MixedPrecision<bf16> (bf16 products)",
                                                           cnn_models::lenet, split.train, split.test, 3200);
   mse_against_cpu();

@@ -85,9 +85,10 @@ void layer_against_cpu(Layer cpu_layer, const Shape& batch_shape, std::uint64_t 
   std::vector<float> values(arena.values().begin(), arena.values().end()), grads(arena.size(), 0.0f);
   std::vector<bf16> lowp(arena.size());
   if (bf16_products) dev.launch(kernels::device::ToBf16{values.data(), lowp.data(), values.size()});
-  const std::uint64_t step = 0;  // the CPU Context's seed and step: 0
+  const std::uint64_t step = 0, offset = 0;  // the CPU Context's seed, step and sample offset: 0
   lowering::Context<lowering::HostDevice> c{
-      dev, arena.values().data(), values.data(), grads.data(), true, 0, &step, bf16_products ? lowp.data() : nullptr};
+      dev,    arena.values().data(), values.data(), grads.data(), true, 0, &step, bf16_products ? lowp.data() : nullptr,
+      &offset};
   lowering::Lowered<Layer, lowering::HostDevice> lowered(lowered_layer, c);
   const Shape sample = lowering::sample_shape(batch_shape);
   REQUIRE(lowered.out_shape(sample) == lowering::sample_shape(y.shape()));
@@ -98,11 +99,11 @@ void layer_against_cpu(Layer cpu_layer, const Shape& batch_shape, std::uint64_t 
   for (std::size_t i = 0; i < grads.size(); ++i) REQUIRE(grads[i] == Approx(cpu_grads[i]).margin(1e-4));
 }
 
-/// `steps` training steps of batch `batch` (Fashion-MNIST's first training images, [1, 28, 28])
-/// on the CPU Engine and on the host device, both from make(), `optimizer` and `options` (Dropout's
-/// seed, gradient clipping); the losses summed on the device equal to the CPU's to 1e-5 (fp32) or
-/// 1e-2 (MixedPrecision<bf16>: bf16 products on the device; on the CPU also the activations
-/// stored in bf16); then check(cpu_engine, device_model, device_arena) with the device's state
+/// `steps` training micro-steps of batch `batch` (Fashion-MNIST's first training images, [1, 28,
+/// 28]) on the CPU Engine and on the host device, both from make(), `optimizer` and `options`
+/// (Dropout's seed, gradient clipping, accumulation: an optimizer step every accumulate() of them); the losses summed
+/// on the device equal to the CPU's to 1e-5 (fp32) or 1e-2 (MixedPrecision<bf16>: bf16 products on the device; on the
+/// CPU also the activations stored in bf16); then check(cpu_engine, device_model, device_arena) with the device's state
 /// copied back.
 template <class Precision = FullPrecision, class Make, class Optimizer, class Check>
 void steps_against_cpu(Make make, Optimizer optimizer, const TrainingOptions& options, std::size_t batch,
@@ -121,11 +122,14 @@ void steps_against_cpu(Make make, Optimizer optimizer, const TrainingOptions& op
   device.upload(typename Optimizer::State{}, 0);
   device.set_lr(optimizer.learning_rate());
   double loss_sum = 0.0;
+  const std::size_t k = options.accumulate();  // micro-steps per optimizer step
   for (std::size_t s = 0; s < steps; ++s) {
     const auto [x, y] = fashion_batch(data, s, batch, Shape{1, 28, 28});
+    const double normaliser = cpu.loss_normalizer(y, batch);
     cpu.micro_step(x, y, 0, batch);
     loss_sum += cpu.last_loss_sum();
-    device.enqueue_step(x.data(), y.data(), batch, Shape{1, 28, 28}, static_cast<double>(batch));
+    device.set_sample_offset(s % k * batch);
+    device.enqueue_micro_step(x.data(), y.data(), batch, Shape{1, 28, 28}, normaliser, s % k == 0, s % k == k - 1);
   }
   CHECK(device.read_metrics().loss_sum == Approx(loss_sum).epsilon(bf16_products ? 1e-2 : 1e-5));
   device.download();

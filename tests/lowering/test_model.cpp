@@ -189,6 +189,21 @@ TEST_CASE("lowered: convbn's training steps (BatchNorm2d + ReLU fused, Dropout) 
                           });
 }
 
+TEST_CASE("lowered: gradient accumulation (Dropout's masks placed in the window) = the CPU Engine's", "[lowering]") {
+  auto convbn = [] {
+    set_seed(11);
+    return cnn_models::convbn();
+  };
+  // Four micro-batches of 8, an optimizer step every 2: the second micro-batch of a window draws
+  // its Dropout masks after the first's (the masks of one batch of 16), as the CPU's. Compared
+  // as the convbn steps above (its convolutions' biases are noise before BatchNorm).
+  test::steps_against_cpu(convbn, optim::Adam{}.lr(1e-3f), TrainingOptions{}.seed(5).accumulate(2), 8, 4,
+                          [](auto& cpu, auto&, ParamArena& arena) {
+                            CHECK(cpu.optimizer_steps() == 2);
+                            weights_agree(cpu, arena, 5e-5, {"0.bias", "3.bias", "7.bias"});
+                          });
+}
+
 TEST_CASE("lowered: the ResNet's training steps (BasicBlocks, global average pooling) = the CPU Engine's",
           "[lowering]") {
   auto resnet = [] {

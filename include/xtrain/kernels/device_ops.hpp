@@ -541,23 +541,30 @@ struct AdvanceCursor {
   XTRAIN_HD void operator()(std::size_t) const { *cursor += rows; }
 };
 
-/// Dropout's mask and output, one thread per Philox block (4 elements): element i of the batch
-/// uses word i % 4 of block i / 4 of stream `stream | *step` (layers::Dropout's masks: the step is
-/// read on the device, so a replayed graph draws the next step's), mask = scale where the draw is
-/// >= p.
+/// Dropout's mask and output, one thread per Philox block (4 elements): element e of the window
+/// (the micro-batches of one optimizer step, sample-major) uses word e % 4 of block e / 4 of stream
+/// `stream | *step` (layers::Dropout's masks: the step is read on the device, so a replayed graph
+/// draws the next step's), mask = scale where the draw is >= p.
 struct DropoutForward {
   const float* x;
   float* y;
   float* mask;
-  std::size_t n;
+  std::size_t n, per_sample;
   std::uint64_t seed, stream;
   const std::uint64_t* step;
+  const std::uint64_t* offset;  // samples of the window before this batch (gradient accumulation)
   float p, scale;
-  XTRAIN_HD std::size_t count() const { return (n + 3) / 4; }
-  XTRAIN_HD void operator()(std::size_t b) const {
+  // The batch's elements start at element first = offset * per_sample of the window, which is
+  // read on the device (one captured graph serves every micro-step): enough threads for any
+  // alignment of first to the blocks of four, those past the batch doing nothing.
+  XTRAIN_HD std::size_t count() const { return n / 4 + 2; }
+  XTRAIN_HD void operator()(std::size_t t) const {
+    const std::uint64_t first = *offset * per_sample, b = first / 4 + t;
     const auto block = random_block(seed, stream | *step, b);
-    for (std::size_t w = 0; w < 4 && 4 * b + w < n; ++w) {
-      const std::size_t i = 4 * b + w;
+    for (std::uint64_t w = 0; w < 4; ++w) {
+      const std::uint64_t e = 4 * b + w;
+      if (e < first || e - first >= n) continue;
+      const std::size_t i = static_cast<std::size_t>(e - first);
       const float m = bits_to_unit_float(block[w]) >= p ? scale : 0.0f;
       mask[i] = m;
       y[i] = x[i] * m;

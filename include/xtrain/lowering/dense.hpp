@@ -170,8 +170,8 @@ class Lowered<layers::Dropout, D> {
   static constexpr bool parameter_free = true;
   Lowered(layers::Dropout& d, Context<D>&) : host_(&d) {}
   Shape out_shape(const Shape& in) const { return in; }
-  // The CPU layer's masks: stream (dropout | id << 40 | step), element e of the batch at word e % 4
-  // of block e / 4 (one process: the batch's first sample is sample 0 of the global batch).
+  // The CPU layer's masks: stream (dropout | id << 40 | step), element e of the window at word e % 4
+  // of block e / 4 (one process: the batch's first sample is sample *sample_offset of the window).
   const float* forward(Context<D>& c, const float* x, std::size_t n, const Shape& in) {
     active_ = c.training && host_->p() > 0.0f;
     if (!active_) return x;
@@ -180,7 +180,8 @@ class Lowered<layers::Dropout, D> {
     mask_.reserve(c.dev, n_);
     const float p = host_->p(), scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
     const std::uint64_t stream = streams::dropout | (static_cast<std::uint64_t>(host_->id()) << 40);
-    c.dev.launch(ops::DropoutForward{x, y_.data(), mask_.data(), n_, c.seed, stream, c.step, p, scale});
+    c.dev.launch(ops::DropoutForward{x, y_.data(), mask_.data(), n_, in.elements(), c.seed, stream, c.step,
+                                     c.sample_offset, p, scale});
     return y_.data();
   }
   const float* backward(Context<D>& c, const float* dy, bool need_dx) {

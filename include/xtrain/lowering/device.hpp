@@ -87,7 +87,10 @@ class HostDevice {
   void download(T* host, const T* device, std::size_t n) {
     std::copy_n(device, n, host);
   }
-  void set_scalar(float* device, float value) { *device = value; }
+  template <class T>
+  void set_scalar(T* device, T value) {
+    *device = value;
+  }
   void synchronize() {}
   std::uint64_t allocations() const noexcept { return allocations_; }
 
@@ -113,6 +116,9 @@ struct Context {
   /// Under MixedPrecision<bf16>: the parameters rounded to bf16 (same offsets), the operands of
   /// the products; else null (fp32 products).
   const bf16* lowp_values = nullptr;
+  /// On the device: the samples of the accumulation window before this micro-batch (Dropout's
+  /// element positions; 0 without accumulation).
+  const std::uint64_t* sample_offset = nullptr;
   float* value(const Param& p) const { return values + (p.data() - host_base); }
   float* grad(const Param& p) const { return grads + (p.data() - host_base); }
   const bf16* lowp_value(const Param& p) const { return lowp_values ? lowp_values + (p.data() - host_base) : nullptr; }

@@ -55,6 +55,7 @@ class DeviceModel {
         optimizer_state_(dev, optimizer, arena.size()),
         metrics_(dev, 1),
         step_(dev, 1),
+        sample_offset_(dev, 1),
         lr_(dev, 1),
         ctx_{dev,
              arena.values().data(),
@@ -63,10 +64,12 @@ class DeviceModel {
              true,
              seed,
              step_.data(),
-             bf16_products ? lowp_values_.data() : nullptr},
+             bf16_products ? lowp_values_.data() : nullptr,
+             sample_offset_.data()},
         lowered_(model, ctx_),
         loss_(dev, loss) {
     reset_metrics();
+    set_sample_offset(0);
   }
   /// Dropout's seed from now on (a resumed run's).
   void set_seed(std::uint64_t seed) noexcept { ctx_.seed = seed; }
@@ -97,10 +100,29 @@ class DeviceModel {
   /// gradients zeroed, forward, the loss / normaliser with its sums, backward,
   /// clipping (when set), the optimizer. Enqueues only.
   void enqueue_step(const float* x, const target_type* targets, std::size_t n, const Shape& sample, double normaliser) {
-    dev_.zero(grads_.data(), arena_.size());
+    enqueue_micro_step(x, targets, n, sample, normaliser, true, true);
+  }
+
+  /// One micro-step of gradient accumulation (TrainingOptions::accumulate): the gradients zeroed
+  /// when `first` (the window's first), forward, loss and backward adding into them, and when
+  /// `last` clipping and the optimizer. `normaliser` counts the whole window's terms (as the CPU
+  /// engine's); set_sample_offset() before it places its samples in the window (Dropout).
+  void enqueue_micro_step(const float* x, const target_type* targets, std::size_t n, const Shape& sample,
+                          double normaliser, bool first, bool last) {
+    if (first) dev_.zero(grads_.data(), arena_.size());
     const float* out = lowered_.forward(ctx_, x, n, sample);
     const float* dout = loss_.enqueue(dev_, out, targets, n, lowered_.out_shape(sample), normaliser, metrics_.data());
     lowered_.backward(ctx_, dout, false);
+    if (last) enqueue_optimizer();
+  }
+
+  /// The samples of the accumulation window before the next micro-step's (copied to the device;
+  /// 0 without accumulation).
+  void set_sample_offset(std::uint64_t samples) { dev_.set_scalar(sample_offset_.data(), samples); }
+
+ private:
+  // Clipping (when set), the optimizer, the bf16 copy of the parameters.
+  void enqueue_optimizer() {
     const std::size_t size = arena_.size();
     if (clip_norm_ > 0.0) {
       const ops::LaneSumsOfSquares sums{grads_.data(), norm_sums_.data(), size};
@@ -115,6 +137,7 @@ class DeviceModel {
     round_parameters();
   }
 
+ public:
   /// The model's output in evaluation mode for n samples at x, and the loss sums into the
   /// metrics when `targets` is given. Returns where the output is.
   const float* enqueue_eval(const float* x, const target_type* targets, std::size_t n, const Shape& sample,
@@ -183,7 +206,7 @@ class DeviceModel {
   Buffer<bf16> lowp_values_;
   DeviceOptimizer<Optimizer, D> optimizer_state_;
   Buffer<ops::Metrics> metrics_;
-  Buffer<std::uint64_t> step_;
+  Buffer<std::uint64_t> step_, sample_offset_;
   Buffer<float> lr_;
   Context<D> ctx_;
   Lowered<Model, D> lowered_;

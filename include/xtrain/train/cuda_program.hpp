@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -41,12 +42,12 @@ namespace ops = kernels::device;
 
 /// The Device policy of lowering/ on a GPU: Buffer<T> in device memory (counted by the
 /// backend), kernel bodies launched on its stream, row-major products through cuBLASLt, copies on
-/// the stream, and scalars (the learning rate) copied from a ring of pinned slots so that a step
-/// in flight keeps reading its own.
+/// the stream, and scalars (the learning rate, the sample offset of a micro-step) copied from a
+/// ring of pinned slots so that a step in flight keeps reading its own.
 class CudaDevice {
  public:
   explicit CudaDevice(Cuda& gpu) : gpu_(gpu) {
-    backend::cuda::check(cudaMallocHost(reinterpret_cast<void**>(&ring_), slots * sizeof(float)),
+    backend::cuda::check(cudaMallocHost(reinterpret_cast<void**>(&ring_), slots * sizeof(std::uint64_t)),
                          "allocating pinned memory");
   }
   CudaDevice(const CudaDevice&) = delete;
@@ -85,13 +86,15 @@ class CudaDevice {
   void download(T* host, const T* device, std::size_t n) {
     backend::cuda::download(gpu_, host, device, n);
   }
-  void set_scalar(float* device, float value) {
+  template <class T>  // a float or a 64-bit count (8 bytes at most: a slot)
+  void set_scalar(T* device, T value) {
+    static_assert(sizeof(T) <= sizeof(std::uint64_t) && std::is_trivially_copyable_v<T>);
     if (++slot_ == slots) {
       gpu_.synchronize();  // every slot's copy has run
       slot_ = 0;
     }
-    ring_[slot_] = value;
-    backend::cuda::check(cudaMemcpyAsync(device, ring_ + slot_, sizeof(float), cudaMemcpyHostToDevice, gpu_.stream()),
+    std::memcpy(ring_ + slot_, &value, sizeof(T));
+    backend::cuda::check(cudaMemcpyAsync(device, ring_ + slot_, sizeof(T), cudaMemcpyHostToDevice, gpu_.stream()),
                          "copying a scalar to the GPU");
   }
   void synchronize() { gpu_.synchronize(); }
@@ -102,7 +105,7 @@ class CudaDevice {
   static constexpr std::size_t slots = 256;
   Cuda& gpu_;
   kernels::cuda::Gemm gemm_;
-  float* ring_ = nullptr;
+  std::uint64_t* ring_ = nullptr;
   std::size_t slot_ = slots - 1;
 };
 

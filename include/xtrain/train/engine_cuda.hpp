@@ -19,7 +19,11 @@
 /// MixedPrecision<bf16>: the products of Linear and Conv2d on tensor cores (bf16 operands, fp32
 /// accumulation), the rest in fp32 (activations are not stored in bf16 on the GPU yet).
 ///
-/// Not yet on the GPU: fp16 (loss scaling), several ranks, accumulation, parameter groups, ZeRO, the
+/// Gradient accumulation (TrainingOptions::accumulate): the window's micro-steps add into the
+/// gradients on the device, its last steps the optimizer; Dropout draws the masks of the whole
+/// window's batch, as on the CPU.
+///
+/// Not yet on the GPU: fp16 (loss scaling), several ranks, parameter groups, ZeRO, the
 /// deterministic reduction, cross-entropy's ignore index; each is refused when the Trainer is
 /// built, by name. Losses: cross-entropy and MSE.
 
@@ -75,8 +79,6 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
   StepResult micro_step(const Input& x, const target_type& y, std::size_t global_offset, std::size_t global_count,
                         bool force_sync = false) {
     static_assert(std::is_same_v<Input, Tensor<float>>, "xtrain: backend::Cuda trains on float inputs so far");
-    (void)global_offset;
-    (void)force_sync;
     const std::size_t rows = x.dimension() ? x.shape(0) : 0;
     const Shape sample = lowering::sample_shape(x.shape());
     const std::size_t cols = sample.elements();
@@ -101,16 +103,31 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
     backend::cuda::upload(gpu_, batch_y_.data(), y.data(), rows * per_row);
     const float lr = host_.current_lr();
     device_.set_lr(lr);
-    const double normaliser = host_.loss_normalizer(y, global_count);
-    graph_.run(gpu_, rows, [&] { device_.enqueue_step(batch_x_.data(), batch_y_.data(), rows, sample, normaliser); });
+    const double normaliser = host_.loss_normalizer(y, global_count);  // the window's terms
+    // Gradient accumulation: the window's first micro-step zeroes the gradients, its last steps
+    // the optimizer; each of the four kinds is a graph of its own (the sample offset, read on the
+    // device, places a micro-batch's Dropout masks in the window).
+    const bool first = micro_ == 0, last = force_sync || micro_ + 1 == host_.options().accumulate();
+    device_.set_sample_offset(micro_samples_ + global_offset);
+    const std::uint64_t before = gpu_.allocations();
+    graphs_[(first ? 1 : 0) + (last ? 2 : 0)].run(gpu_, rows, [&] {
+      device_.enqueue_micro_step(batch_x_.data(), batch_y_.data(), rows, sample, normaliser, first, last);
+    });
+    if (gpu_.allocations() != before) reset_graphs();  // buffers the other graphs hold have moved
     device_changed_ = true;
-    host_.restore(host_.step() + 1, host_.options().seed(), host_.options().schedule());
     terms_ += static_cast<double>(host_.loss().count(y));
     StepResult r;
-    r.step = host_.step();
     r.loss = std::numeric_limits<float>::quiet_NaN();
     r.lr = lr;
-    r.samples = global_count;
+    r.samples = micro_samples_ + global_count;
+    if (last) {
+      host_.restore(host_.step() + 1, host_.options().seed(), host_.options().schedule());
+      micro_ = micro_samples_ = 0;
+    } else {
+      ++micro_;
+      micro_samples_ += global_count;
+    }
+    r.step = host_.step();
     return r;
   }
 
@@ -209,15 +226,15 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
   void set_profiler(profile::Profiler* p) { host_.set_profiler(p); }
 
   /// Nodes of the captured step (kernels, copies, memsets); 0 before the capture.
-  std::size_t graph_nodes() const noexcept { return graph_.nodes(); }
+  /// (Of the step without accumulation: the window's first and last micro-step in one.)
+  std::size_t graph_nodes() const noexcept { return graphs_[3].nodes(); }
 
  private:
   static TrainingOptions checked(TrainingOptions o) {
     auto refuse = [](bool bad, const std::string& what) {
       XTRAIN_CHECK(!bad, ValueError, "backend::Cuda does not support ", what,
-                   " yet (the GPU engine runs one process, without accumulation); train with a CPU backend for it");
+                   " yet (the GPU engine runs one process); train with a CPU backend for it");
     };
-    refuse(o.accumulate() != 1, "accumulate(" + std::to_string(o.accumulate()) + ")");
     refuse(o.zero_stage() != 0, "zero_stage(" + std::to_string(o.zero_stage()) + ")");
     refuse(o.deterministic() != 0, "the deterministic reduction");
     refuse(!o.param_groups().empty(), "parameter groups");
@@ -245,10 +262,13 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
       backend::cuda::download(gpu_, predicted_.data() + b * outs, y, n * outs);
     }
     gpu_.synchronize();
-    if (gpu_.allocations() != before) graph_.reset();  // buffers the captured step holds have moved
+    if (gpu_.allocations() != before) reset_graphs();  // buffers the captured steps hold have moved
     return predicted_;
   }
 
+  void reset_graphs() noexcept {
+    for (cuda::StepGraph& g : graphs_) g.reset();
+  }
   // The device's state into the host mirror, if the device changed it since.
   void to_host() {
     if (!device_changed_) return;
@@ -263,7 +283,7 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
     if (host_.options().seed() != seed_) {  // a resumed run's: the captured Dropout draws carry the old one
       seed_ = host_.options().seed();
       device_.set_seed(seed_);
-      graph_.reset();
+      reset_graphs();
     }
     device_.upload(host_.optimizer_state(), host_.optimizer_steps());
     host_changed_ = false;
@@ -273,11 +293,12 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
   cuda::CudaDevice dev_;
   Host host_;
   cuda::DeviceModel<Model, Optimizer, Loss> device_;
-  cuda::StepGraph graph_;
+  cuda::StepGraph graphs_[4];  // micro-steps: middle, first, last, first and last (no accumulation)
   backend::cuda::Buffer<float> batch_x_, eval_x_;
   Tensor<float> predicted_;
   backend::cuda::Buffer<typename cuda::DeviceModel<Model, Optimizer, Loss>::target_type> batch_y_;
   double terms_ = 0.0;
+  std::size_t micro_ = 0, micro_samples_ = 0;  // the accumulation window so far
   std::uint64_t seed_ = host_.options().seed();
   bool host_changed_ = true, device_changed_ = false;
 };
