@@ -48,13 +48,13 @@ const char* usage =
     "usage: fashion_mnist_cuda [--model mlp|lenet|convbn|resnet] [--data DIR] [--epochs N] [--batch N] [--hidden N] "
     "[--lr X]\n"
     "                          [--activation relu|tanh|sigmoid|gelu|gelu_tanh|silu] [--seed N] [--trainer]\n"
-    "                          [--precision fp32|bf16] [--export FILE.safetensors]\n"
+    "                          [--precision fp32|bf16|fp16] [--export FILE.safetensors]\n"
     "  --model        mlp: 784-H-BatchNorm1d-activation-10 (the homework's); lenet: LeNet-5 (padding 2); convbn: 3\n"
     "                 convolutions with BatchNorm2d, max pooling, Dropout; resnet: a stem and 6 BasicBlocks (16, 32,\n"
     "                 64 channels), global average pooling (fashion_mnist_cnn's)\n"
     "  --activation A the MLP's hidden activation (default relu)\n"
-    "  --precision P  fp32 (default), or bf16: the products of Linear and Conv2d on tensor cores (bf16 operands,\n"
-    "                 fp32 accumulation), the rest in fp32\n"
+    "  --precision P  fp32 (default), or bf16 or fp16: the products of Linear and Conv2d on tensor cores (bf16\n"
+    "                 or fp16 operands, fp32 accumulation), the rest in fp32; fp16 with dynamic loss scaling\n"
     "  --trainer      train with Trainer<..., backend::Cuda> (default: cuda::Program, the data set on the GPU)\n"
     "  --data DIR     Fashion-MNIST's IDX files or the homework's .npy files (default: XTRAIN_DATA_DIR, else\n"
     "                 /usr/share/datasets/fashion-mnist: Debian's dataset-fashion-mnist)\n"
@@ -123,6 +123,11 @@ int train_model(const Flags& flags, xtrain::backend::Cuda& gpu, Model model, con
                 static_cast<double>(flags.lr), flags.batch, flags.epochs, static_cast<unsigned long long>(flags.seed));
     const xtrain::History h = trainer.fit(train, test);
     std::printf("Final Test Accuracy: %.2f%%\n", h.epochs.back().test.accuracy);
+    if constexpr (Precision::uses_loss_scaling)
+      std::printf("loss scale %g, %llu of %llu steps skipped for overflow\n",
+                  static_cast<double>(trainer.loss_scaler().scale()),
+                  static_cast<unsigned long long>(trainer.loss_scaler().skipped_steps()),
+                  static_cast<unsigned long long>(trainer.step()));
     if (!flags.export_path.empty()) {
       trainer.save_model(flags.export_path);
       std::printf("exported %s\n", flags.export_path.c_str());
@@ -154,6 +159,11 @@ int train_model(const Flags& flags, xtrain::backend::Cuda& gpu, Model model, con
   }
   const auto t = program.evaluate(test.features(), test.labels());
   std::printf("Test: loss %.4f | accuracy %.2f%%\n", t.mean_loss, 100.0 * t.accuracy);
+  if constexpr (Precision::uses_loss_scaling) {
+    const auto scale = program.loss_scale();
+    std::printf("loss scale %g, %llu steps skipped for overflow\n", static_cast<double>(scale.scale),
+                static_cast<unsigned long long>(scale.skipped));
+  }
   if (steps)
     std::printf("Warm epochs: %.0f samples/s, %.2f us per step, %zu graph nodes per step\n",
                 static_cast<double>(steps * flags.batch) / seconds, 1e6 * seconds / static_cast<double>(steps),
@@ -192,9 +202,9 @@ int run(const Flags& flags) {
                  flags.model.c_str(), usage);
     return xtrain::exit_code::usage;
   }
-  if (flags.precision != "fp32" && flags.precision != "bf16") {
-    std::fprintf(stderr, "fashion_mnist_cuda: --precision %s: expected fp32 or bf16 (fp16 is not on the GPU yet)\n%s",
-                 flags.precision.c_str(), usage);
+  if (flags.precision != "fp32" && flags.precision != "bf16" && flags.precision != "fp16") {
+    std::fprintf(stderr, "fashion_mnist_cuda: --precision %s: expected fp32, bf16 or fp16\n%s", flags.precision.c_str(),
+                 usage);
     return xtrain::exit_code::usage;
   }
   nn::ActivationKind activation{};
@@ -213,6 +223,8 @@ int run(const Flags& flags) {
   xtrain::set_seed(flags.seed);
   if (flags.precision == "bf16")
     return train_on<xtrain::MixedPrecision<xtrain::bf16>>(flags, gpu, activation, train, test);
+  if (flags.precision == "fp16")
+    return train_on<xtrain::MixedPrecision<xtrain::fp16>>(flags, gpu, activation, train, test);
   return train_on<xtrain::FullPrecision>(flags, gpu, activation, train, test);
 }
 

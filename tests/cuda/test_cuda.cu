@@ -84,30 +84,34 @@ void gemm_against_cpu(xtrain::backend::Cuda& gpu) {
                                                                       (ta ? "^T" : "") + " B" + (tb ? "^T" : "") +
                                                                       (with_bias ? " + bias" : "") + " = CPU GEMM");
   }
-  // bf16 operands (MixedPrecision<bf16>: tensor cores, fp32 accumulation) against the CPU's
-  // mixed-precision GEMM on the same bf16 values: their products are exact in fp32, so only the
+  // bf16 and fp16 operands (MixedPrecision: tensor cores, fp32 accumulation) against the CPU's
+  // mixed-precision GEMM on the same rounded values: their products are exact in fp32, so only the
   // order of the sums differs. The leading dimensions are odd (LeNet's first convolution has 25).
-  std::vector<xtrain::bf16> al(a.size()), bl(b.size());
-  std::transform(a.begin(), a.end(), al.begin(), [](float v) { return xtrain::bf16(v); });
-  std::transform(b.begin(), b.end(), bl.begin(), [](float v) { return xtrain::bf16(v); });
-  xtrain::backend::cuda::Buffer<xtrain::bf16> dal(gpu, al.size()), dbl(gpu, bl.size());
-  xtrain::backend::cuda::upload(gpu, dal.data(), al.data(), al.size());
-  xtrain::backend::cuda::upload(gpu, dbl.data(), bl.data(), bl.size());
-  for (int t = 0; t < 4; ++t) {
-    const bool ta = t & 1, tb = t & 2;
-    const std::size_t lda = ta ? m : k, ldb = tb ? k : n;
-    const bool with_bias = t != 1;
-    xtrain::kernels::gemm_lowp<xtrain::bf16>(ta ? Trans::yes : Trans::no, tb ? Trans::yes : Trans::no, m, n, k, 1.0f,
-                                             al.data(), lda, bl.data(), ldb, 0.0f, ref.data(), n, nullptr,
-                                             with_bias ? bias.data() : nullptr);
-    gemm.run(gpu, {ta, tb, m, n, k, lda, ldb, n}, dal.data(), dbl.data(), dc.data(), 1.0f, 0.0f,
-             with_bias ? dbias.data() : nullptr);
-    xtrain::backend::cuda::download(gpu, c.data(), dc.data(), c.size());
-    gpu.synchronize();
-    expect(relative_error(c.data(), ref.data(), c.size()) < 1e-4,
-           std::string("cuBLASLt bf16 product (tensor cores), A") + (ta ? "^T" : "") + " B" + (tb ? "^T" : "") +
-               (with_bias ? " + bias" : "") + " = CPU bf16 GEMM");
-  }
+  const auto lowp_products = [&]<class T>(const char* type) {
+    std::vector<T> al(a.size()), bl(b.size());
+    std::transform(a.begin(), a.end(), al.begin(), [](float v) { return T(v); });
+    std::transform(b.begin(), b.end(), bl.begin(), [](float v) { return T(v); });
+    xtrain::backend::cuda::Buffer<T> dal(gpu, al.size()), dbl(gpu, bl.size());
+    xtrain::backend::cuda::upload(gpu, dal.data(), al.data(), al.size());
+    xtrain::backend::cuda::upload(gpu, dbl.data(), bl.data(), bl.size());
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      const std::size_t lda = ta ? m : k, ldb = tb ? k : n;
+      const bool with_bias = t != 1;
+      xtrain::kernels::gemm_lowp<T>(ta ? Trans::yes : Trans::no, tb ? Trans::yes : Trans::no, m, n, k, 1.0f, al.data(),
+                                    lda, bl.data(), ldb, 0.0f, ref.data(), n, nullptr,
+                                    with_bias ? bias.data() : nullptr);
+      gemm.run(gpu, {ta, tb, m, n, k, lda, ldb, n}, dal.data(), dbl.data(), dc.data(), 1.0f, 0.0f,
+               with_bias ? dbias.data() : nullptr);
+      xtrain::backend::cuda::download(gpu, c.data(), dc.data(), c.size());
+      gpu.synchronize();
+      expect(relative_error(c.data(), ref.data(), c.size()) < 1e-4,
+             std::string("cuBLASLt ") + type + " product (tensor cores), A" + (ta ? "^T" : "") + " B" +
+                 (tb ? "^T" : "") + (with_bias ? " + bias" : "") + " = CPU " + type + " GEMM");
+    }
+  };
+  lowp_products.template operator()<xtrain::bf16>("bf16");
+  lowp_products.template operator()<xtrain::fp16>("fp16");
 }
 
 // The homework MLP without the first Linear's bias: BatchNorm removes it, so its gradient is
@@ -211,9 +215,11 @@ void trainer_against_cpu(xtrain::data::TensorDataset train, xtrain::data::Tensor
   std::filesystem::remove_all(dir);
 }
 // A model under the Trainer on the GPU and on the CPU, both from make() after set_seed(9): one
-// epoch of `images` images to the same loss and accuracy (in MixedPrecision<bf16> to 2 % and 1.5
-// points: the CPU also stores activations in bf16, and its convolutions at some shapes keep the
-// weights in fp32).
+// epoch of `images` images to the same loss and accuracy (in MixedPrecision to 2 % and 1.5
+// points: the CPU also stores activations in bf16 or fp16, and its convolutions at some shapes keep the
+// weights in fp32); under fp16 the steps skipped for overflow within one of the CPU's (the GPU rounds to fp16 where a
+// product takes its operands, the CPU also where it stores a layer's output: an overflow within a fraction of a percent
+// of fp16's largest value can be found on one and not the other).
 template <class Precision = xtrain::FullPrecision, class Make, class Optimizer = xtrain::optim::Adam>
 void model_against_cpu(const char* name, Make make, xtrain::data::TensorDataset train, xtrain::data::TensorDataset test,
                        std::size_t images, Optimizer optimizer = xtrain::optim::Adam{}.lr(1e-3f),
@@ -239,6 +245,17 @@ void model_against_cpu(const char* name, Make make, xtrain::data::TensorDataset 
              std::fabs(c.test.loss - g.test.loss) < loss_tolerance * c.test.loss &&
              std::fabs(c.test.accuracy - g.test.accuracy) < points,
          std::string(name) + " under the Trainer on the GPU: the CPU's loss and accuracy");
+  if constexpr (Precision::uses_loss_scaling) {
+    std::printf("      loss scale: CPU %g, %llu steps skipped; GPU %g, %llu\n",
+                static_cast<double>(cpu.loss_scaler().scale()),
+                static_cast<unsigned long long>(cpu.loss_scaler().skipped_steps()),
+                static_cast<double>(gpu.loss_scaler().scale()),
+                static_cast<unsigned long long>(gpu.loss_scaler().skipped_steps()));
+    const auto cpu_skipped = cpu.loss_scaler().skipped_steps(), gpu_skipped = gpu.loss_scaler().skipped_steps();
+    expect(gpu_skipped >= 2 && gpu.step() == cpu.step() &&
+               (cpu_skipped > gpu_skipped ? cpu_skipped - gpu_skipped : gpu_skipped - cpu_skipped) <= 1,
+           std::string(name) + ": the GPU skips the overflowing steps (fp16) as the CPU does");
+  }
 }
 
 // Regression with MSELoss under the Trainer on the GPU: y = sin(2 x0) + x1^2 / 2 on [-1, 1]^2 (its
@@ -354,6 +371,13 @@ int main() {
       split.train, split.test, 1600, xtrain::optim::Adam{}.lr(1e-3f), xtrain::TrainingOptions{}.accumulate(2));
   model_against_cpu<xtrain::MixedPrecision<xtrain::bf16>>("LeNet in MixedPrecision<bf16> (bf16 products)",
                                                           cnn_models::lenet, split.train, split.test, 3200);
+  // From 2^24 the first steps overflow fp16 (the loss's gradient alone, (p - y) / 64 * 2^24); the
+  // cosine schedule makes the GPU engine read the skipped steps every step (the rate counts
+  // applied steps).
+  model_against_cpu<xtrain::MixedPrecision<xtrain::fp16>>(
+      "LeNet in MixedPrecision<fp16> (fp16 products, dynamic loss scaling from 2^24, cosine schedule)",
+      cnn_models::lenet, split.train, split.test, 3200, xtrain::optim::Adam{}.lr(1e-3f),
+      xtrain::TrainingOptions{}.loss_scale(16777216.0f, 10).schedule(xtrain::optim::LrSchedule::cosine(50)));
   mse_against_cpu();
 
   std::printf("%s\n", failures ? "FAILED" : "all passed");

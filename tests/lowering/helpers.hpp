@@ -39,24 +39,32 @@ inline std::pair<Tensor<float>, Tensor<std::int32_t>> fashion_batch(const data::
 }
 
 inline float round_bf16(float v) { return static_cast<float>(bf16(v)); }
+inline float round_fp16(float v) { return static_cast<float>(fp16(v)); }
 
 /// One layer lowered on the host device against its CPU forward and backward on the same
 /// uniform input: the output, the input gradient and the parameter gradients.
-/// With `bf16_products` (a layer of one product: Linear, Conv2d) the lowered layer takes bf16
-/// products and the CPU layer runs in fp32 on the operands rounded to bf16 (the input, the output's
-/// gradient, the parameters named "weight"; the bias stays fp32 on both): the two agree to fp32
-/// rounding only if the device rounds exactly what a bf16 product takes, and nothing else.
+/// With bf16 or fp16 `products` (a layer of one product: Linear, Conv2d) the lowered layer takes
+/// low-precision products and the CPU layer runs in fp32 on the operands rounded to that type (the
+/// input, the output's gradient, the parameters named "weight"; the bias stays fp32 on both): the
+/// two agree to fp32 rounding only if the device rounds exactly what such a product takes, and
+/// nothing else.
 template <class Layer>
-void layer_against_cpu(Layer cpu_layer, const Shape& batch_shape, std::uint64_t seed, bool bf16_products = false) {
+void layer_against_cpu(Layer cpu_layer, const Shape& batch_shape, std::uint64_t seed,
+                       lowering::Products products = lowering::Products::fp32) {
+  const bool lowp = products != lowering::Products::fp32;
   Layer lowered_layer = cpu_layer;  // the same weights
   ParamArena cpu_arena = adopt_model(cpu_layer, ParamArena::alignment, memory::host());
   ParamArena arena = adopt_model(lowered_layer, ParamArena::alignment, memory::host());
   std::copy(cpu_arena.values().begin(), cpu_arena.values().end(), arena.values().begin());
-  const auto operand = [&](float v) { return bf16_products ? round_bf16(v) : v; };
-  if (bf16_products)
+  const auto operand = [&](float v) {
+    return products == lowering::Products::bf16   ? round_bf16(v)
+           : products == lowering::Products::fp16 ? round_fp16(v)
+                                                  : v;
+  };
+  if (lowp)
     for (const ParamEntry& e : cpu_arena.entries())
       if (e.name.ends_with("weight"))
-        for (float& w : cpu_arena.values(e)) w = round_bf16(w);
+        for (float& w : cpu_arena.values(e)) w = operand(w);
   Tensor<float> x(batch_shape), x_cpu(batch_shape);
   Generator gen(seed);
   for (float& v : x) v = gen.uniform(-1.0f, 1.0f);
@@ -71,7 +79,7 @@ void layer_against_cpu(Layer cpu_layer, const Shape& batch_shape, std::uint64_t 
   // The device sums a bias's gradient from the unrounded output gradient (no product): the CPU's
   // from a second backward on it.
   std::vector<float> cpu_grads(cpu_arena.grads().begin(), cpu_arena.grads().end());
-  if (bf16_products) {
+  if (lowp) {
     cpu_arena.zero_grad();
     (void)forward(ctx, cpu_layer, x_cpu);
     (void)backward(ctx, cpu_layer, dy);
@@ -83,12 +91,19 @@ void layer_against_cpu(Layer cpu_layer, const Shape& batch_shape, std::uint64_t 
 
   lowering::HostDevice dev;
   std::vector<float> values(arena.values().begin(), arena.values().end()), grads(arena.size(), 0.0f);
-  std::vector<bf16> lowp(arena.size());
-  if (bf16_products) dev.launch(kernels::device::ToBf16{values.data(), lowp.data(), values.size()});
+  std::vector<bf16> lowp_b(arena.size());
+  std::vector<fp16> lowp_h(arena.size());
+  lowering::LowpOperand weights;
+  if (products == lowering::Products::bf16) {
+    dev.launch(kernels::device::ToBf16{values.data(), lowp_b.data(), values.size()});
+    weights.b = lowp_b.data();
+  } else if (products == lowering::Products::fp16) {
+    dev.launch(kernels::device::ToFp16{values.data(), lowp_h.data(), values.size()});
+    weights.h = lowp_h.data();
+  }
   const std::uint64_t step = 0, offset = 0;  // the CPU Context's seed, step and sample offset: 0
   lowering::Context<lowering::HostDevice> c{
-      dev,    arena.values().data(), values.data(), grads.data(), true, 0, &step, bf16_products ? lowp.data() : nullptr,
-      &offset};
+      dev, arena.values().data(), values.data(), grads.data(), true, 0, &step, weights, &offset};
   lowering::Lowered<Layer, lowering::HostDevice> lowered(lowered_layer, c);
   const Shape sample = lowering::sample_shape(batch_shape);
   REQUIRE(lowered.out_shape(sample) == lowering::sample_shape(y.shape()));
@@ -102,14 +117,15 @@ void layer_against_cpu(Layer cpu_layer, const Shape& batch_shape, std::uint64_t 
 /// `steps` training micro-steps of batch `batch` (Fashion-MNIST's first training images, [1, 28,
 /// 28]) on the CPU Engine and on the host device, both from make(), `optimizer` and `options`
 /// (Dropout's seed, gradient clipping, accumulation: an optimizer step every accumulate() of them); the losses summed
-/// on the device equal to the CPU's to 1e-5 (fp32) or 1e-2 (MixedPrecision<bf16>: bf16 products on the device; on the
-/// CPU also the activations stored in bf16); then check(cpu_engine, device_model, device_arena) with the device's state
-/// copied back.
+/// on the device equal to the CPU's to 1e-5 (fp32) or 1e-2 (MixedPrecision: low-precision products on the device; on
+/// the CPU also the activations stored in bf16 or fp16); under fp16 the loss scale's state equal to the CPU's; then
+/// check(cpu_engine, device_model, device_arena) with the device's state copied back.
 template <class Precision = FullPrecision, class Make, class Optimizer, class Check>
 void steps_against_cpu(Make make, Optimizer optimizer, const TrainingOptions& options, std::size_t batch,
                        std::size_t steps, Check check) {
   using Model = decltype(make());
-  constexpr bool bf16_products = std::is_same_v<Precision, MixedPrecision<bf16>>;
+  constexpr lowering::Products products = lowering::products_of<Precision>();
+  constexpr bool bf16_products = products == lowering::Products::bf16, fp16 = products == lowering::Products::fp16;
   const data::TensorDataset& data = fashion_head<64>();
   REQUIRE(batch * steps <= 64);
   Engine<Model, Optimizer, Precision> cpu(make(), optimizer, parallel::SingleProcess{}, options);
@@ -117,7 +133,12 @@ void steps_against_cpu(Make make, Optimizer optimizer, const TrainingOptions& op
   ParamArena arena = adopt_model(model, ParamArena::alignment, memory::host());
   lowering::HostDevice dev;
   lowering::DeviceModel<Model, Optimizer, lowering::HostDevice> device(dev, model, arena, optimizer, options.seed(),
-                                                                       loss::CrossEntropyLoss{}, bf16_products);
+                                                                       loss::CrossEntropyLoss{}, products);
+  if (fp16) {
+    kernels::device::LossScaleState initial;
+    initial.scale = options.loss_scale();
+    device.set_loss_scaling(initial, options.loss_scale_growth_interval());
+  }
   device.set_clipping(options.clip_grad_norm(), options.clip_grad_value());
   device.upload(typename Optimizer::State{}, 0);
   device.set_lr(optimizer.learning_rate());
@@ -131,12 +152,21 @@ void steps_against_cpu(Make make, Optimizer optimizer, const TrainingOptions& op
     device.set_sample_offset(s % k * batch);
     device.enqueue_micro_step(x.data(), y.data(), batch, Shape{1, 28, 28}, normaliser, s % k == 0, s % k == k - 1);
   }
-  CHECK(device.read_metrics().loss_sum == Approx(loss_sum).epsilon(bf16_products ? 1e-2 : 1e-5));
+  CHECK(device.read_metrics().loss_sum == Approx(loss_sum).epsilon(products != lowering::Products::fp32 ? 1e-2 : 1e-5));
   device.download();
   REQUIRE((device.bf16_parameters() != nullptr) == bf16_products);
-  if constexpr (bf16_products) {  // the products' copy of the parameters: the last step's, rounded
-    const auto values = arena.values();
+  REQUIRE((device.fp16_parameters() != nullptr) == fp16);
+  const auto values = arena.values();  // the products' copy of the parameters: the last step's, rounded
+  if constexpr (bf16_products)
     for (std::size_t i = 0; i < values.size(); ++i) REQUIRE(device.bf16_parameters()[i].bits == bf16(values[i]).bits);
+  if constexpr (fp16) {
+    for (std::size_t i = 0; i < values.size(); ++i)
+      REQUIRE(device.fp16_parameters()[i].bits == xtrain::fp16(values[i]).bits);
+    // The loss scale's state: the same overflows found, the same scale
+    const kernels::device::LossScaleState scaling = device.read_loss_scale();
+    CHECK(scaling.scale == cpu.loss_scaler().scale());
+    CHECK(scaling.tracker == cpu.loss_scaler().growth_tracker());
+    CHECK(scaling.skipped == cpu.loss_scaler().skipped_steps());
   }
   check(cpu, model, arena);
 }

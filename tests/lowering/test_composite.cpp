@@ -50,7 +50,7 @@ TEST_CASE("lowered: gradcheck through the device path (central differences of th
   std::vector<float> values(arena.values().begin(), arena.values().end()), grads(arena.size(), 0.0f);
   const std::uint64_t step = 0, offset = 0;
   lowering::Context<lowering::HostDevice> c{
-      dev, arena.values().data(), values.data(), grads.data(), true, 0, &step, nullptr, &offset};
+      dev, arena.values().data(), values.data(), grads.data(), true, 0, &step, {}, &offset};
   lowering::Lowered<Net, lowering::HostDevice> lowered(model, c);
   const std::size_t n = 3;
   const Shape sample{2, 6, 6};

@@ -15,10 +15,13 @@ TEST_CASE("lowered: Conv2d as the CPU layer", "[lowering]") {
   test::layer_against_cpu(nn::Conv2d{4, 6, 3, 2, 1, 1, 1, false}, Shape{2, 4, 8, 8}, 10);  // a ResNet stage's first
 }
 
-TEST_CASE("lowered: Conv2d's products in bf16 (MixedPrecision<bf16>) round exactly their operands", "[lowering]") {
+TEST_CASE("lowered: Conv2d's products in bf16 and fp16 (MixedPrecision) round exactly their operands", "[lowering]") {
   set_seed(2);
-  test::layer_against_cpu(nn::Conv2d{3, 5, 3, 1, 1}, Shape{2, 3, 9, 8}, 23, true);
-  test::layer_against_cpu(nn::Conv2d{4, 6, 3, 2, 1, 1, 1, false}, Shape{2, 4, 8, 8}, 24, true);
+  using lowering::Products;
+  test::layer_against_cpu(nn::Conv2d{3, 5, 3, 1, 1}, Shape{2, 3, 9, 8}, 23, Products::bf16);
+  test::layer_against_cpu(nn::Conv2d{4, 6, 3, 2, 1, 1, 1, false}, Shape{2, 4, 8, 8}, 24, Products::bf16);
+  test::layer_against_cpu(nn::Conv2d{3, 5, 3, 1, 1}, Shape{2, 3, 9, 8}, 25, Products::fp16);
+  test::layer_against_cpu(nn::Conv2d{4, 6, 3, 2, 1, 1, 1, false}, Shape{2, 4, 8, 8}, 26, Products::fp16);
 }
 
 TEST_CASE("lowered: max and average pooling as the CPU layers", "[lowering]") {

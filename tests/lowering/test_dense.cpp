@@ -36,10 +36,27 @@ TEST_CASE("lowered: Tanh, Sigmoid, GELU (both forms) and SiLU as the CPU layers"
                           18);
 }
 
-TEST_CASE("lowered: Linear's products in bf16 (MixedPrecision<bf16>) round exactly their operands", "[lowering]") {
+TEST_CASE("lowered: Linear's products in bf16 and fp16 (MixedPrecision) round exactly their operands", "[lowering]") {
   set_seed(5);
-  test::layer_against_cpu(nn::Linear{37, 21}, Shape{6, 37}, 21, true);
-  test::layer_against_cpu(nn::Linear{16, 9, false}, Shape{2, 5, 16}, 22, true);
+  using lowering::Products;
+  test::layer_against_cpu(nn::Linear{37, 21}, Shape{6, 37}, 21, Products::bf16);
+  test::layer_against_cpu(nn::Linear{16, 9, false}, Shape{2, 5, 16}, 22, Products::bf16);
+  test::layer_against_cpu(nn::Linear{37, 21}, Shape{6, 37}, 23, Products::fp16);
+  test::layer_against_cpu(nn::Linear{16, 9, false}, Shape{2, 5, 16}, 24, Products::fp16);
+}
+
+TEST_CASE("lowered: LayerNorm as the CPU layer, with and without affine parameters", "[lowering]") {
+  set_seed(7);
+  nn::LayerNorm ln{24};
+  Generator g(31);
+  for (float& w : ln.weight().values()) w = g.uniform(0.5f, 1.5f);  // not the identity it starts as
+  for (float& b : ln.bias().values()) b = g.uniform(-0.5f, 0.5f);
+  test::layer_against_cpu(ln, Shape{5, 24}, 32);
+  test::layer_against_cpu(nn::LayerNorm{20, 1e-3f}, Shape{3, 4, 20}, 33);  // [N, T, C]: rows of every token
+  test::layer_against_cpu(nn::LayerNorm{16, 1e-5f, false}, Shape{6, 16}, 34);
+  // Inside a model, before a Linear (an MLP's hidden block), the gradients flowing through it.
+  test::layer_against_cpu(nn::Sequential{nn::Linear{12, 24}, nn::LayerNorm{24}, nn::GELU{}, nn::Linear{24, 5}},
+                          Shape{7, 12}, 35);
 }
 
 TEST_CASE("lowered: Dropout draws the CPU layer's masks, bitwise", "[lowering]") {

@@ -1,6 +1,6 @@
 #pragma once
 /// \file cuda_gemm.hpp
-/// Matrix products on a backend::Cuda GPU (nvcc only): row-major, fp32 or bf16 operands (fp32
+/// Matrix products on a backend::Cuda GPU (nvcc only): row-major, fp32, bf16 or fp16 operands (fp32
 /// accumulation and output) through cuBLASLt.
 
 #if !defined(__CUDACC__)
@@ -26,7 +26,7 @@ using backend::cuda::check;
 
 /// Row-major products through cuBLASLt with fp32 accumulation (CUBLAS_COMPUTE_32F: no TF32):
 /// C[m, n] (fp32) = alpha op(A) op(B) + beta C (+ bias over C's columns, fp32, in the product's
-/// epilogue), A and B both fp32 or both bf16 (tensor cores: MixedPrecision<bf16>). A plan
+/// epilogue), A and B both fp32, both bf16 or both fp16 (tensor cores: MixedPrecision). A plan
 /// (descriptors and algorithm) is made once per shape and operand type and kept: later calls
 /// allocate nothing and choose the same algorithm.
 class Gemm {
@@ -41,9 +41,13 @@ class Gemm {
   template <class T>
   void run(Cuda& gpu, const device::RowMajorGemm& shape, const T* a, const T* b, float* c, float alpha, float beta,
            const float* bias = nullptr) {
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>, "cuBLASLt products of fp32 or bf16 operands");
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16>,
+                  "cuBLASLt products of fp32, bf16 or fp16 operands");
+    constexpr cudaDataType_t operand = std::is_same_v<T, bf16>   ? CUDA_R_16BF
+                                       : std::is_same_v<T, fp16> ? CUDA_R_16F
+                                                                 : CUDA_R_32F;
     const device::ColumnMajorGemm cm = device::column_major(shape);
-    Plan& plan = plan_for(gpu, cm, bias != nullptr, std::is_same_v<T, bf16>);
+    Plan& plan = plan_for(gpu, cm, bias != nullptr, operand);
     if (bias && plan.bias_epilogue)
       check(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
             "setting the bias");
@@ -69,13 +73,13 @@ class Gemm {
     }
   };
   using Key =
-      std::tuple<bool, bool, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, bool, bool>;
+      std::tuple<bool, bool, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, bool, int>;
 
-  Plan& plan_for(Cuda& gpu, const device::ColumnMajorGemm& s, bool bias, bool bf16_operands) {
-    const Key key{s.trans_first, s.trans_second, s.m, s.n, s.k, s.ld_first, s.ld_second, s.ldc, bias, bf16_operands};
+  Plan& plan_for(Cuda& gpu, const device::ColumnMajorGemm& s, bool bias, cudaDataType_t operand) {
+    const Key key{s.trans_first, s.trans_second, s.m, s.n, s.k, s.ld_first, s.ld_second, s.ldc, bias, operand};
     if (auto it = plans_.find(key); it != plans_.end()) return it->second;
-    Plan p = make_plan(gpu, s, bias, bf16_operands);
-    if (bias && !p.algo_found) p = make_plan(gpu, s, false, bf16_operands);  // the bias then gets a pass of its own
+    Plan p = make_plan(gpu, s, bias, operand);
+    if (bias && !p.algo_found) p = make_plan(gpu, s, false, operand);  // the bias then gets a pass of its own
     if (!p.algo_found) {
       p.destroy();
       check(CUBLAS_STATUS_NOT_SUPPORTED, "no algorithm for this matrix product");
@@ -83,9 +87,8 @@ class Gemm {
     return plans_.emplace(key, p).first->second;
   }
 
-  Plan make_plan(Cuda& gpu, const device::ColumnMajorGemm& s, bool bias, bool bf16_operands) {
+  Plan make_plan(Cuda& gpu, const device::ColumnMajorGemm& s, bool bias, cudaDataType_t operand) {
     Plan p;
-    const cudaDataType_t operand = bf16_operands ? CUDA_R_16BF : CUDA_R_32F;
     check(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "creating a matmul descriptor");
     const cublasOperation_t ta = s.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t tb = s.trans_second ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -109,9 +112,9 @@ class Gemm {
     const std::size_t ws = Cuda::blas_workspace_bytes;
     check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
           "workspace size");
-    // Weights and biases sit in the parameter arena at 64-byte boundaries, their bf16 copies at 32
-    // (activations at cudaMalloc's 256): algorithms that need more are left out.
-    const std::uint32_t align = 64, operand_align = bf16_operands ? 32 : 64;
+    // Weights and biases sit in the parameter arena at 64-byte boundaries, their bf16 and fp16
+    // copies at 32 (activations at cudaMalloc's 256): algorithms that need more are left out.
+    const std::uint32_t align = 64, operand_align = operand == CUDA_R_32F ? 64 : 32;
     for (const auto attribute :
          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES})
       check(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &operand_align, sizeof(operand_align)), "alignment");

@@ -254,6 +254,134 @@ struct BatchNormInputGrad {
   }
 };
 
+/// Dynamic loss scaling on the device (MixedPrecision<fp16>; DynamicLossScaler's state and
+/// rules): the loss gradient is multiplied by `scale`; after backward the gradients are divided
+/// by it and checked (`found`: one of them is Inf or NaN, the step is skipped); then the scale
+/// halves on an overflow, or doubles after `growth_interval` clean steps in a row.
+struct LossScaleState {
+  float scale = 65536.0f;
+  std::uint32_t found = 0;  ///< this step's gradients overflowed: the optimizer skips it
+  std::uint64_t tracker = 0, skipped = 0;
+};
+
+/// The step's check starts clean (one thread).
+struct LossScaleBegin {
+  LossScaleState* s;
+  XTRAIN_HD std::size_t count() const { return 1; }
+  XTRAIN_HD void operator()(std::size_t) const { s->found = 0; }
+};
+
+/// g[i] *= 1 / scale, and `found` set when the result is Inf or NaN (DynamicLossScaler's
+/// unscale_and_check). Threads only ever write 1 into `found`: the outcome does not depend on
+/// their order.
+struct UnscaleGradients {
+  float* g;
+  LossScaleState* s;
+  std::size_t n;
+  XTRAIN_HD std::size_t count() const { return n; }
+  XTRAIN_HD void operator()(std::size_t i) const {
+    const float v = g[i] * (1.0f / s->scale);
+    g[i] = v;
+    if (!(v - v == 0.0f)) s->found = 1;  // Inf - Inf and NaN - NaN are NaN
+  }
+};
+
+/// DynamicLossScaler::update on the device (one thread): an overflow halves the scale (by
+/// `backoff`) and counts a skipped step; `interval` clean steps in a row multiply it by `growth`.
+struct UpdateLossScale {
+  LossScaleState* s;
+  float growth, backoff;
+  std::uint64_t interval;
+  XTRAIN_HD std::size_t count() const { return 1; }
+  XTRAIN_HD void operator()(std::size_t) const {
+    if (s->found) {
+      s->scale *= backoff;
+      s->tracker = 0;
+      ++s->skipped;
+    } else if (++s->tracker == interval) {
+      s->scale *= growth;
+      s->tracker = 0;
+    }
+  }
+};
+
+/// LayerNorm over rows of n values (one thread per row), as kernels::layer_norm_forward: the
+/// mean, then rstd = 1 / sqrt(biased variance + eps) from a second pass, both saved;
+/// y = (x - mean) * rstd * w + b (w null: no affine).
+struct LayerNormForward {
+  const float* x;
+  const float *w, *b;
+  float* y;
+  float *mean, *rstd;
+  std::size_t rows, n;
+  float eps;
+  XTRAIN_HD std::size_t count() const { return rows; }
+  XTRAIN_HD void operator()(std::size_t r) const {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    const float inv_n = 1.0f / static_cast<float>(n);
+    float sum = 0.0f;
+    for (std::size_t j = 0; j < n; ++j) sum += xr[j];
+    const float m = sum * inv_n;
+    float q = 0.0f;
+    for (std::size_t j = 0; j < n; ++j) {
+      const float d = xr[j] - m;
+      q = std::fma(d, d, q);
+    }
+    const float s = 1.0f / std::sqrt(q * inv_n + eps);
+    for (std::size_t j = 0; j < n; ++j) {
+      const float t = (xr[j] - m) * s;
+      yr[j] = w ? std::fma(t, w[j], b[j]) : t;
+    }
+    mean[r] = m;
+    rstd[r] = s;
+  }
+};
+
+/// LayerNorm's input gradient (one thread per row), as kernels::layer_norm_backward: with
+/// g = dy * w (dy without affine) and xhat = (x - mean) * rstd,
+/// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
+struct LayerNormInputGrad {
+  const float *x, *dy, *w, *mean, *rstd;
+  float* dx;
+  std::size_t rows, n;
+  XTRAIN_HD std::size_t count() const { return rows; }
+  XTRAIN_HD void operator()(std::size_t r) const {
+    const float *xr = x + r * n, *dr = dy + r * n;
+    const float m = mean[r], s = rstd[r], inv_n = 1.0f / static_cast<float>(n);
+    float sg = 0.0f, sgx = 0.0f;
+    for (std::size_t j = 0; j < n; ++j) {
+      const float g = w ? dr[j] * w[j] : dr[j];
+      sg += g;
+      sgx = std::fma(g, (xr[j] - m) * s, sgx);
+    }
+    const float mg = sg * inv_n, mgx = sgx * inv_n;
+    for (std::size_t j = 0; j < n; ++j) {
+      const float g = w ? dr[j] * w[j] : dr[j];
+      dx[r * n + j] = s * (g - mg - (xr[j] - m) * s * mgx);
+    }
+  }
+};
+
+/// LayerNorm's weight and bias gradients (one thread per column, the rows in order, as the CPU
+/// kernel adds them): dw[j] += sum over rows of dy * xhat, db[j] += sum of dy.
+struct LayerNormParamGrad {
+  const float *x, *dy, *mean, *rstd;
+  float *dw, *db;
+  std::size_t rows, n;
+  XTRAIN_HD std::size_t count() const { return n; }
+  XTRAIN_HD void operator()(std::size_t j) const {
+    float a = dw[j], c = db[j];
+    for (std::size_t r = 0; r < rows; ++r) {
+      const float d = dy[r * n + j];
+      a = std::fma(d, (x[r * n + j] - mean[r]) * rstd[r], a);
+      c = d + c;
+    }
+    dw[j] = a;
+    db[j] = c;
+  }
+};
+
 /// What a training run sums on the device between two reads by the host.
 struct Metrics {
   double loss_sum = 0.0;        ///< sum of the per-sample losses
@@ -275,6 +403,7 @@ struct SoftmaxCrossEntropy {
   std::int32_t* row_correct;
   std::size_t rows, classes;
   float scale;
+  const LossScaleState* loss_scale = nullptr;  ///< fp16: the gradient is multiplied by its scale
   XTRAIN_HD std::size_t count() const { return rows; }
   XTRAIN_HD void operator()(std::size_t r) const {
     const float* z = logits + r * classes;
@@ -301,6 +430,8 @@ struct SoftmaxCrossEntropy {
     for (std::size_t j = 0; j < classes; ++j) g[j] *= inv;
     g[y] -= scale;
     row_correct[r] = argmax == static_cast<std::size_t>(y) ? 1 : 0;
+    if (loss_scale)
+      for (std::size_t j = 0; j < classes; ++j) g[j] *= loss_scale->scale;
   }
 };
 
@@ -314,13 +445,14 @@ struct SquaredErrorRows {
   std::int32_t* row_correct;
   std::size_t rows, cols;
   float scale;
+  const LossScaleState* loss_scale = nullptr;  ///< fp16: the gradient is multiplied by its scale
   XTRAIN_HD std::size_t count() const { return rows; }
   XTRAIN_HD void operator()(std::size_t r) const {
     double total = 0.0;
     for (std::size_t j = r * cols; j < (r + 1) * cols; ++j) {
       const float d = pred[j] - target[j];
       total += static_cast<double>(d) * d;
-      grad[j] = scale * d;
+      grad[j] = loss_scale ? (scale * d) * loss_scale->scale : scale * d;
     }
     row_loss[r] = total;
     row_correct[r] = 0;
@@ -358,16 +490,23 @@ struct SumLossRows {
 /// step counter and the learning rate there, so that a replayed graph advances them itself.
 struct AdamScalars {
   float step_size, bc2_sqrt, b1, b2, c1, c2, eps, wd, decay;
+  int skip = 0;  ///< fp16: the gradients overflowed, nothing changes
 };
 
-/// Advances `*step` and computes the step's scalars from `*lr` (one thread).
+/// Advances `*step` and computes the step's scalars from `*lr` (one thread); under loss scaling
+/// (`scaling` not null) a step whose gradients overflowed is skipped: the counter stays.
 struct AdamPrepare {
   const float* lr;
   std::uint64_t* step;
   AdamScalars* out;
   float beta1, beta2, eps, weight_decay;
+  const LossScaleState* scaling = nullptr;
   XTRAIN_HD std::size_t count() const { return 1; }
   XTRAIN_HD void operator()(std::size_t) const {
+    if (scaling && scaling->found) {
+      out->skip = 1;
+      return;
+    }
     const std::uint64_t s = ++*step;
     const double t = static_cast<double>(s);
     const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), t);
@@ -381,7 +520,8 @@ struct AdamPrepare {
             1.0f - beta2,
             eps,
             weight_decay,
-            1.0f - rate * weight_decay};
+            1.0f - rate * weight_decay,
+            0};
   }
 };
 
@@ -396,6 +536,7 @@ struct AdamUpdate {
   XTRAIN_HD std::size_t count() const { return n; }
   XTRAIN_HD void operator()(std::size_t i) const {
     const AdamScalars s = *k;
+    if (s.skip) return;
     float pi = p[i], gi = g[i];
     if constexpr (Decoupled) {
       if (s.wd != 0.0f) pi = pi * s.decay;
@@ -414,18 +555,25 @@ struct AdamUpdate {
 /// The scalars of one SGD step, from the step counter and the learning rate on the device.
 struct SgdScalars {
   float lr;
-  int started;  ///< whether the momentum buffer holds a step (PyTorch's buffer is None before the first)
+  int started;   ///< whether the momentum buffer holds a step (PyTorch's buffer is None before the first)
+  int skip = 0;  ///< fp16: the gradients overflowed, nothing changes
 };
 
-/// Advances `*step` and reads `*lr` into the step's scalars (one thread).
+/// Advances `*step` and reads `*lr` into the step's scalars (one thread); a step whose gradients
+/// overflowed under loss scaling is skipped, as AdamPrepare's.
 struct SgdPrepare {
   const float* lr;
   std::uint64_t* step;
   SgdScalars* out;
+  const LossScaleState* scaling = nullptr;
   XTRAIN_HD std::size_t count() const { return 1; }
   XTRAIN_HD void operator()(std::size_t) const {
+    if (scaling && scaling->found) {
+      out->skip = 1;
+      return;
+    }
     const std::uint64_t s = ++*step;
-    *out = {*lr, s > 1 ? 1 : 0};
+    *out = {*lr, s > 1 ? 1 : 0, 0};
   }
 };
 
@@ -442,6 +590,7 @@ struct SgdUpdate {
   XTRAIN_HD std::size_t count() const { return n; }
   XTRAIN_HD void operator()(std::size_t i) const {
     const SgdScalars s = *k;
+    if (s.skip) return;
     float d = wd != 0.0f ? g[i] + wd * p[i] : g[i];
     if (momentum != 0.0f) {
       const float b = s.started ? buf[i] * momentum + damp * d : d;
@@ -554,13 +703,16 @@ struct DropoutForward {
   const std::uint64_t* step;
   const std::uint64_t* offset;  // samples of the window before this batch (gradient accumulation)
   float p, scale;
+  /// fp16: `*step` counts applied optimizer steps; the masks follow every step (the CPU's count),
+  /// the skipped ones too.
+  const LossScaleState* skipped = nullptr;
   // The batch's elements start at element first = offset * per_sample of the window, which is
   // read on the device (one captured graph serves every micro-step): enough threads for any
   // alignment of first to the blocks of four, those past the batch doing nothing.
   XTRAIN_HD std::size_t count() const { return n / 4 + 2; }
   XTRAIN_HD void operator()(std::size_t t) const {
     const std::uint64_t first = *offset * per_sample, b = first / 4 + t;
-    const auto block = random_block(seed, stream | *step, b);
+    const auto block = random_block(seed, stream | (*step + (skipped ? skipped->skipped : 0)), b);
     for (std::uint64_t w = 0; w < 4; ++w) {
       const std::uint64_t e = 4 * b + w;
       if (e < first || e - first >= n) continue;
@@ -609,15 +761,18 @@ constexpr ColumnMajorGemm column_major(const RowMajorGemm& g) noexcept {
   return {g.trans_b, g.trans_a, g.n, g.m, g.k, g.ldb, g.lda, g.ldc};
 }
 
-/// y[i] = x[i] rounded to bf16 (nearest even, as the CPU's bf16): the operands of a product on
-/// tensor cores under MixedPrecision<bf16>.
-struct ToBf16 {
+/// y[i] = x[i] rounded to T, bf16 or fp16 (nearest even, as the CPU's conversions; fp16 overflows
+/// to Inf): the operands of a product on tensor cores under MixedPrecision<T>.
+template <class T>
+struct ToLowp {
   const float* x;
-  bf16* y;
+  T* y;
   std::size_t n;
   XTRAIN_HD std::size_t count() const { return n; }
-  XTRAIN_HD void operator()(std::size_t i) const { y[i] = bf16(x[i]); }
+  XTRAIN_HD void operator()(std::size_t i) const { y[i] = T(x[i]); }
 };
+using ToBf16 = ToLowp<bf16>;
+using ToFp16 = ToLowp<fp16>;
 
 /// x[i] = value.
 struct Fill {

@@ -58,7 +58,7 @@ class Lowered<layers::Conv2d, D> {
   // Forward: the input unfolded (Im2col), one product by the weights for every image at once, then
   // laid out as NCHW images with the bias added. Backward: the weights' gradient from the kept
   // unfolded input, the bias's from plane sums, the input's folded back (Col2im). Under
-  // MixedPrecision<bf16> the products' operands are rounded to bf16 (the unfolded input and the
+  // MixedPrecision the products' operands are rounded to bf16 or fp16 (the unfolded input and the
   // gradient by channel: copies of their own), fp32 accumulation.
   const float* forward(Context<D>& c, const float* x, std::size_t n, const Shape& in) {
     (void)out_shape(in);
@@ -70,9 +70,8 @@ class Lowered<layers::Conv2d, D> {
     c.dev.launch(ops::Im2col{x, cols_.data(), g_});
     const ops::RowMajorGemm product{false, false, o, cols, ckk, ckk, cols, cols};
     if (wl_) {
-      colsl_.reserve(c.dev, ckk * cols);
-      c.dev.launch(ops::ToBf16{cols_.data(), colsl_.data(), ckk * cols});
-      c.dev.gemm(product, wl_, colsl_.data(), yc_.data(), 1.0f, 0.0f);
+      colsl_ = colsl_copy_.round(c.dev, cols_.data(), ckk * cols, c.products());
+      gemm(c.dev, product, wl_, colsl_, yc_.data(), 1.0f, 0.0f);
     } else {
       c.dev.gemm(product, w_, cols_.data(), yc_.data(), 1.0f, 0.0f);
     }
@@ -85,10 +84,10 @@ class Lowered<layers::Conv2d, D> {
     c.dev.launch(ops::ChannelsImages{dy, nullptr, yc_.data(), g_.n, o, planes, true});  // dy by channel
     const ops::RowMajorGemm weight_grad{false, true, o, ckk, cols, cols, cols, ckk},
         input_grad{true, false, ckk, cols, o, ckk, cols, cols};
+    LowpOperand ycl;
     if (wl_) {
-      ycl_.reserve(c.dev, o * cols);
-      c.dev.launch(ops::ToBf16{yc_.data(), ycl_.data(), o * cols});
-      c.dev.gemm(weight_grad, ycl_.data(), colsl_.data(), gw_, 1.0f, 1.0f);
+      ycl = ycl_copy_.round(c.dev, yc_.data(), o * cols, c.products());
+      gemm(c.dev, weight_grad, ycl, colsl_, gw_, 1.0f, 1.0f);
     } else {
       c.dev.gemm(weight_grad, yc_.data(), cols_.data(), gw_, 1.0f, 1.0f);
     }
@@ -99,7 +98,7 @@ class Lowered<layers::Conv2d, D> {
     }
     if (!need_dx) return nullptr;
     if (wl_)  // dcols
-      c.dev.gemm(input_grad, wl_, ycl_.data(), cols_.data(), 1.0f, 0.0f);
+      gemm(c.dev, input_grad, wl_, ycl, cols_.data(), 1.0f, 0.0f);
     else
       c.dev.gemm(input_grad, w_, yc_.data(), cols_.data(), 1.0f, 0.0f);
     dx_.reserve(c.dev, g_.n * g_.c * g_.h * g_.w);
@@ -117,9 +116,10 @@ class Lowered<layers::Conv2d, D> {
   float* gw_;
   const float* b_;
   float* gb_;
-  const bf16* wl_;  // the weights in bf16 under MixedPrecision<bf16>, else null
+  LowpOperand wl_;     // the weights in bf16 or fp16 under MixedPrecision, else none
+  LowpOperand colsl_;  // the unfolded input rounded (MixedPrecision)
   typename D::template Buffer<float> cols_, yc_, y_, dx_, partial_;
-  typename D::template Buffer<bf16> colsl_, ycl_;
+  LowpCopy<D> colsl_copy_, ycl_copy_;
 };
 
 template <class D>

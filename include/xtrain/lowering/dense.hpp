@@ -1,8 +1,8 @@
 #pragma once
 /// \file dense.hpp
 /// The device implementations (lowering/device.hpp) of Linear (one product, the bias in its
-/// epilogue; under MixedPrecision<bf16> its operands rounded to bf16, fp32 accumulation), the activations (ReLU, Tanh,
-/// Sigmoid, GELU in both forms, SiLU), Flatten and Dropout (the CPU layer's masks).
+/// epilogue; under MixedPrecision its operands rounded to bf16 or fp16, fp32 accumulation), the activations (ReLU,
+/// Tanh, Sigmoid, GELU in both forms, SiLU), Flatten and Dropout (the CPU layer's masks).
 
 #include <concepts>
 #include <cstddef>
@@ -14,6 +14,7 @@
 #include "xtrain/kernels/device_ops.hpp"
 #include "xtrain/layers/activations.hpp"
 #include "xtrain/layers/dropout.hpp"
+#include "xtrain/layers/layer_norm.hpp"
 #include "xtrain/layers/linear.hpp"
 #include "xtrain/layers/pooling.hpp"
 #include "xtrain/lowering/device.hpp"
@@ -45,10 +46,9 @@ class Lowered<layers::Linear, D> {
     x_ = x;
     y_.reserve(c.dev, rows_ * out_);
     const ops::RowMajorGemm product{false, true, rows_, out_, in_, in_, in_, out_};
-    if (wl_) {  // MixedPrecision<bf16>: x rounded to bf16 (kept for the weights' gradient)
-      xl_.reserve(c.dev, rows_ * in_);
-      c.dev.launch(ops::ToBf16{x, xl_.data(), rows_ * in_});
-      c.dev.gemm(product, xl_.data(), wl_, y_.data(), 1.0f, 0.0f, b_);
+    if (wl_) {  // MixedPrecision: x rounded to bf16 or fp16 (kept for the weights' gradient)
+      xl_ = xl_copy_.round(c.dev, x, rows_ * in_, c.products());
+      gemm(c.dev, product, xl_, wl_, y_.data(), 1.0f, 0.0f, b_);
     } else {
       c.dev.gemm(product, x, w_, y_.data(), 1.0f, 0.0f, b_);
     }
@@ -57,10 +57,10 @@ class Lowered<layers::Linear, D> {
   const float* backward(Context<D>& c, const float* dy, bool need_dx) {
     const ops::RowMajorGemm weight_grad{true, false, out_, in_, rows_, out_, in_, in_},
         input_grad{false, false, rows_, in_, out_, out_, in_, in_};
+    LowpOperand dyl;
     if (wl_) {
-      dyl_.reserve(c.dev, rows_ * out_);
-      c.dev.launch(ops::ToBf16{dy, dyl_.data(), rows_ * out_});
-      c.dev.gemm(weight_grad, dyl_.data(), xl_.data(), gw_, 1.0f, 1.0f);
+      dyl = dyl_copy_.round(c.dev, dy, rows_ * out_, c.products());
+      gemm(c.dev, weight_grad, dyl, xl_, gw_, 1.0f, 1.0f);
     } else {
       c.dev.gemm(weight_grad, dy, x_, gw_, 1.0f, 1.0f);
     }
@@ -68,7 +68,7 @@ class Lowered<layers::Linear, D> {
     if (!need_dx) return nullptr;
     dx_.reserve(c.dev, rows_ * in_);
     if (wl_)
-      c.dev.gemm(input_grad, dyl_.data(), wl_, dx_.data(), 1.0f, 0.0f);
+      gemm(c.dev, input_grad, dyl, wl_, dx_.data(), 1.0f, 0.0f);
     else
       c.dev.gemm(input_grad, dy, w_, dx_.data(), 1.0f, 0.0f);
     return dx_.data();
@@ -82,10 +82,59 @@ class Lowered<layers::Linear, D> {
   float* gw_;
   const float* b_;
   float* gb_;
-  const bf16* wl_;  // the weights in bf16 under MixedPrecision<bf16>, else null
+  LowpOperand wl_;  // the weights in bf16 or fp16 under MixedPrecision, else none
   const float* x_ = nullptr;
+  LowpOperand xl_;  // x rounded (MixedPrecision)
   typename D::template Buffer<float> y_, dx_;
-  typename D::template Buffer<bf16> xl_, dyl_;  // the products' operands in bf16
+  LowpCopy<D> xl_copy_, dyl_copy_;  // the products' operands in bf16 or fp16
+};
+
+/// LayerNorm over the last dimension: statistics per row in fp32 (one thread per row), the
+/// weight's and bias's gradients summed over the rows in order.
+template <class D>
+class Lowered<layers::LayerNorm, D> {
+ public:
+  Lowered(layers::LayerNorm& l, Context<D>& c)
+      : host_(&l),
+        w_(l.affine() ? c.value(l.weight()) : nullptr),
+        b_(l.affine() ? c.value(l.bias()) : nullptr),
+        gw_(l.affine() ? c.grad(l.weight()) : nullptr),
+        gb_(l.affine() ? c.grad(l.bias()) : nullptr) {}
+  /// [*, dim] -> [*, dim].
+  Shape out_shape(const Shape& in) const {
+    XTRAIN_CHECK(in.rank() >= 1 && in[in.rank() - 1] == host_->dim(), ShapeError, host_->describe(),
+                 " on the device: a sample of shape ", in.str());
+    return in;
+  }
+  const float* forward(Context<D>& c, const float* x, std::size_t n, const Shape& in) {
+    (void)out_shape(in);
+    const std::size_t dim = host_->dim();
+    rows_ = n * (in.elements() / dim);
+    x_ = x;
+    y_.reserve(c.dev, rows_ * dim);
+    mean_.reserve(c.dev, rows_);
+    rstd_.reserve(c.dev, rows_);
+    c.dev.launch(ops::LayerNormForward{x, w_, b_, y_.data(), mean_.data(), rstd_.data(), rows_, dim, host_->eps()});
+    return y_.data();
+  }
+  const float* backward(Context<D>& c, const float* dy, bool need_dx) {
+    const std::size_t dim = host_->dim();
+    if (gw_) c.dev.launch(ops::LayerNormParamGrad{x_, dy, mean_.data(), rstd_.data(), gw_, gb_, rows_, dim});
+    if (!need_dx) return nullptr;
+    dx_.reserve(c.dev, rows_ * dim);
+    c.dev.launch(ops::LayerNormInputGrad{x_, dy, w_, mean_.data(), rstd_.data(), dx_.data(), rows_, dim});
+    return dx_.data();
+  }
+  void upload(Context<D>&) {}
+  void download(Context<D>&) {}
+
+ private:
+  layers::LayerNorm* host_;
+  const float *w_, *b_;
+  float *gw_, *gb_;
+  std::size_t rows_ = 0;
+  const float* x_ = nullptr;
+  typename D::template Buffer<float> y_, dx_, mean_, rstd_;
 };
 
 template <class D>
@@ -181,7 +230,7 @@ class Lowered<layers::Dropout, D> {
     const float p = host_->p(), scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
     const std::uint64_t stream = streams::dropout | (static_cast<std::uint64_t>(host_->id()) << 40);
     c.dev.launch(ops::DropoutForward{x, y_.data(), mask_.data(), n_, in.elements(), c.seed, stream, c.step,
-                                     c.sample_offset, p, scale});
+                                     c.sample_offset, p, scale, c.loss_scale});
     return y_.data();
   }
   const float* backward(Context<D>& c, const float* dy, bool need_dx) {

@@ -13,8 +13,8 @@
 ///    the stream, cuBLASLt.
 /// A Device provides Buffer<T> (made with (D&, n); reserve(D&, n) keeps memory that is large
 /// enough: a warm step allocates nothing), launch(body), gemm(RowMajorGemm, a, b, c, alpha, beta,
-/// bias) with float or bf16 operands (fp32 accumulation and output), zero / upload / download / set_scalar /
-/// synchronize, and allocations().
+/// bias) with float, bf16 or fp16 operands (fp32 accumulation and output), zero / upload / download /
+/// set_scalar / synchronize, and allocations().
 ///
 /// The layers keep their CPU implementations untouched; a lowered layer binds to their
 /// parameters (through the host ParamArena's offsets) and settings.
@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <type_traits>
 
 #include "xtrain/core/param.hpp"
 #include "xtrain/core/tensor.hpp"
@@ -68,12 +69,14 @@ class HostDevice {
     kernels::gemm(g.trans_a ? Trans::yes : Trans::no, g.trans_b ? Trans::yes : Trans::no, g.m, g.n, g.k, alpha, a,
                   g.lda, b, g.ldb, beta, c, g.ldc, nullptr, bias);
   }
-  /// bf16 operands, fp32 accumulation (MixedPrecision<bf16>): the CPU's mixed-precision GEMM.
-  void gemm(const ops::RowMajorGemm& g, const bf16* a, const bf16* b, float* c, float alpha, float beta,
-            const float* bias = nullptr) {
+  /// bf16 or fp16 operands, fp32 accumulation (MixedPrecision): the CPU's mixed-precision GEMM.
+  template <class T>
+  requires(std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) void gemm(const ops::RowMajorGemm& g, const T* a,
+                                                                         const T* b, float* c, float alpha, float beta,
+                                                                         const float* bias = nullptr) {
     using kernels::Trans;
-    kernels::gemm_lowp<bf16>(g.trans_a ? Trans::yes : Trans::no, g.trans_b ? Trans::yes : Trans::no, g.m, g.n, g.k,
-                             alpha, a, g.lda, b, g.ldb, beta, c, g.ldc, nullptr, bias);
+    kernels::gemm_lowp<T>(g.trans_a ? Trans::yes : Trans::no, g.trans_b ? Trans::yes : Trans::no, g.m, g.n, g.k, alpha,
+                          a, g.lda, b, g.ldb, beta, c, g.ldc, nullptr, bias);
   }
   template <class T>
   void zero(T* p, std::size_t n) {
@@ -103,6 +106,56 @@ inline Shape sample_shape(const Shape& batch) {
   return batch.rank() ? Shape(std::span<const std::size_t>(batch.begin() + 1, batch.end())) : Shape{};
 }
 
+/// What the products of Linear and Conv2d take: fp32 operands (FullPrecision), or operands
+/// rounded to bf16 or fp16 with fp32 accumulation (MixedPrecision<bf16> or <fp16>; tensor cores).
+enum class Products { fp32, bf16, fp16 };
+
+/// The Products of precision policy P.
+template <class P>
+constexpr Products products_of() noexcept {
+  using T = typename P::compute_type;
+  return std::is_same_v<T, bf16> ? Products::bf16 : std::is_same_v<T, fp16> ? Products::fp16 : Products::fp32;
+}
+
+/// A product's operand rounded to bf16 or fp16 (one of the two set), or none (both null).
+struct LowpOperand {
+  const bf16* b = nullptr;
+  const fp16* h = nullptr;
+  explicit operator bool() const noexcept { return b || h; }
+  LowpOperand plus(std::ptrdiff_t i) const noexcept { return {b ? b + i : nullptr, h ? h + i : nullptr}; }
+};
+
+/// An fp32 array's copy rounded to the products' type (a layer's input or output gradient).
+template <class D>
+class LowpCopy {
+ public:
+  /// x [n] rounded into this copy (bf16 or fp16, as `kind`); returns it.
+  LowpOperand round(D& dev, const float* x, std::size_t n, Products kind) {
+    if (kind == Products::bf16) {
+      b_.reserve(dev, n);
+      dev.launch(ops::ToBf16{x, b_.data(), n});
+      return {b_.data(), nullptr};
+    }
+    h_.reserve(dev, n);
+    dev.launch(ops::ToFp16{x, h_.data(), n});
+    return {nullptr, h_.data()};
+  }
+
+ private:
+  typename D::template Buffer<bf16> b_;
+  typename D::template Buffer<fp16> h_;
+};
+
+/// c = alpha op(a) op(b) + beta c (+ bias) on operands of the same low-precision type.
+template <class D>
+void gemm(D& dev, const ops::RowMajorGemm& g, LowpOperand a, LowpOperand b, float* c, float alpha, float beta,
+          const float* bias = nullptr) {
+  if (a.b)
+    dev.gemm(g, a.b, b.b, c, alpha, beta, bias);
+  else
+    dev.gemm(g, a.h, b.h, c, alpha, beta, bias);
+}
+
 /// What lowered layers share: the device, where the host arena's parameters are on it, the mode.
 template <class D>
 struct Context {
@@ -112,16 +165,22 @@ struct Context {
   float* grads;
   bool training = true;
   std::uint64_t seed = 0;               // of Dropout's masks (TrainingOptions::seed)
-  const std::uint64_t* step = nullptr;  // on the device: the optimizer steps taken (Dropout's stream)
-  /// Under MixedPrecision<bf16>: the parameters rounded to bf16 (same offsets), the operands of
-  /// the products; else null (fp32 products).
-  const bf16* lowp_values = nullptr;
+  const std::uint64_t* step = nullptr;  // on the device: the optimizer steps applied (Dropout's stream)
+  /// Under MixedPrecision: the parameters rounded to bf16 or fp16 (same offsets), the operands
+  /// of the products; else none (fp32 products).
+  LowpOperand lowp_values{};
   /// On the device: the samples of the accumulation window before this micro-batch (Dropout's
   /// element positions; 0 without accumulation).
   const std::uint64_t* sample_offset = nullptr;
+  /// On the device under fp16: the loss scale's state (its skipped steps, which `step` leaves out).
+  const ops::LossScaleState* loss_scale = nullptr;
   float* value(const Param& p) const { return values + (p.data() - host_base); }
   float* grad(const Param& p) const { return grads + (p.data() - host_base); }
-  const bf16* lowp_value(const Param& p) const { return lowp_values ? lowp_values + (p.data() - host_base) : nullptr; }
+  LowpOperand lowp_value(const Param& p) const { return lowp_values.plus(p.data() - host_base); }
+  /// The products' type.
+  Products products() const noexcept {
+    return lowp_values.b ? Products::bf16 : lowp_values.h ? Products::fp16 : Products::fp32;
+  }
 };
 
 template <class>
@@ -138,7 +197,7 @@ class Lowered {
   static_assert(no_lowering<L>,
                 "xtrain: backend::Cuda has no device implementation of this layer yet (lowered so far: Sequential, "
                 "Residual, BasicBlock, Linear, Conv2d, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, BatchNorm1d, "
-                "BatchNorm2d, the activations, Dropout, Flatten)");
+                "BatchNorm2d, LayerNorm, the activations, Dropout, Flatten)");
 };
 
 /// Whether lowered layer L has no parameters (it declares `static constexpr bool parameter_free`

@@ -8,8 +8,10 @@
 ///   using target_type;                        (one element of a batch's targets)
 ///   DeviceLoss(D&, const Loss&)
 ///   const float* enqueue(D&, const float* out, const target_type* targets, std::size_t n,
-///                        const Shape& out_sample, double normaliser, ops::Metrics* metrics)
-///                                             (returns the gradient of the loss / normaliser)
+///                        const Shape& out_sample, double normaliser, ops::Metrics* metrics,
+///                        const ops::LossScaleState* loss_scale)
+///                                             (returns the gradient of the loss / normaliser,
+///                                              times the loss scale when one is given: fp16)
 
 #include <cstddef>
 #include <cstdint>
@@ -58,13 +60,14 @@ class DeviceLoss<loss::CrossEntropyLoss, D> : detail::LossRows<D> {
                  "the device's CrossEntropyLoss has no ignore_index yet; train with a CPU backend for it");
   }
   const float* enqueue(D& dev, const float* logits, const std::int32_t* labels, std::size_t n, const Shape& out,
-                       double normaliser, ops::Metrics* metrics) {
+                       double normaliser, ops::Metrics* metrics, const ops::LossScaleState* loss_scale = nullptr) {
     XTRAIN_CHECK(out.rank() == 1, ShapeError, "the device's cross-entropy: the model's output per sample is ",
                  out.str(), ", expected [classes]");
     const std::size_t classes = out[0];
     this->reserve(dev, n, n * classes);
     dev.launch(ops::SoftmaxCrossEntropy{logits, labels, this->grad_.data(), this->row_loss_.data(),
-                                        this->row_correct_.data(), n, classes, static_cast<float>(1.0 / normaliser)});
+                                        this->row_correct_.data(), n, classes, static_cast<float>(1.0 / normaliser),
+                                        loss_scale});
     dev.launch(ops::SumLossRows{this->row_loss_.data(), this->row_correct_.data(), metrics, n, normaliser});
     return this->grad_.data();
   }
@@ -78,12 +81,13 @@ class DeviceLoss<loss::MSELoss, D> : detail::LossRows<D> {
   using target_type = float;
   DeviceLoss(D&, const loss::MSELoss&) {}
   const float* enqueue(D& dev, const float* pred, const float* targets, std::size_t n, const Shape& out,
-                       double normaliser, ops::Metrics* metrics) {
+                       double normaliser, ops::Metrics* metrics, const ops::LossScaleState* loss_scale = nullptr) {
     const std::size_t cols = out.elements();
     if (normaliser == 0.0) normaliser = static_cast<double>(n * cols);
     this->reserve(dev, n, n * cols);
     dev.launch(ops::SquaredErrorRows{pred, targets, this->grad_.data(), this->row_loss_.data(),
-                                     this->row_correct_.data(), n, cols, static_cast<float>(2.0 / normaliser)});
+                                     this->row_correct_.data(), n, cols, static_cast<float>(2.0 / normaliser),
+                                     loss_scale});
     dev.launch(ops::SumLossRows{this->row_loss_.data(), this->row_correct_.data(), metrics, n, normaliser});
     return this->grad_.data();
   }

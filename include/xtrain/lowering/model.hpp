@@ -41,17 +41,18 @@ class DeviceModel {
   /// of the output's shape (MSE).
   using target_type = typename DeviceLoss<Loss, D>::target_type;
 
-  /// `seed`: Dropout's (TrainingOptions::seed, as the CPU engine's). `bf16_products`
-  /// (MixedPrecision<bf16>): the products of Linear and Conv2d take bf16 operands with fp32
-  /// accumulation (tensor cores on a GPU), from a bf16 copy of the parameters that each optimizer
-  /// step refreshes; everything else stays fp32.
+  /// `seed`: Dropout's (TrainingOptions::seed, as the CPU engine's). `products`
+  /// (products_of<Precision>()): under MixedPrecision<bf16> or <fp16> the products of Linear and
+  /// Conv2d take bf16 or fp16 operands with fp32 accumulation (tensor cores on a GPU), from a copy
+  /// of the parameters that each optimizer step refreshes; everything else stays fp32.
   DeviceModel(D& dev, Model& model, ParamArena& arena, const Optimizer& optimizer, std::uint64_t seed = 0,
-              const Loss& loss = {}, bool bf16_products = false)
+              const Loss& loss = {}, Products products = Products::fp32)
       : dev_(dev),
         arena_(arena),
         values_(dev, arena.size()),
         grads_(dev, arena.size()),
-        lowp_values_(dev, bf16_products ? arena.size() : 0),
+        bf16_values_(dev, products == Products::bf16 ? arena.size() : 0),
+        fp16_values_(dev, products == Products::fp16 ? arena.size() : 0),
         optimizer_state_(dev, optimizer, arena.size()),
         metrics_(dev, 1),
         step_(dev, 1),
@@ -64,7 +65,8 @@ class DeviceModel {
              true,
              seed,
              step_.data(),
-             bf16_products ? lowp_values_.data() : nullptr,
+             {products == Products::bf16 ? bf16_values_.data() : nullptr,
+              products == Products::fp16 ? fp16_values_.data() : nullptr},
              sample_offset_.data()},
         lowered_(model, ctx_),
         loss_(dev, loss) {
@@ -89,6 +91,35 @@ class DeviceModel {
     }
   }
 
+  /// Dynamic loss scaling (MixedPrecision<fp16>; DynamicLossScaler's rules, on the device): the
+  /// loss gradient multiplied by the scale, the gradients divided by it after backward and
+  /// checked, a step with Inf or NaN gradients skipped (the optimizer's step counter stays, so
+  /// its bias correction and the learning rate's schedule count applied steps only), the scale
+  /// halved then, doubled after `growth_interval` clean steps (Dropout's masks still follow every
+  /// step, as the CPU's). The state starts at `state`. Before the first step is enqueued.
+  void set_loss_scaling(const ops::LossScaleState& state, std::uint64_t growth_interval) {
+    XTRAIN_CHECK(growth_interval > 0 && state.scale > 0.0f, ValueError,
+                 "loss scaling: needs a positive scale and growth interval");
+    scaling_.reserve(dev_, 1);
+    ctx_.loss_scale = scaling_.data();  // Dropout's masks count the skipped steps too
+    growth_interval_ = growth_interval;
+    upload_loss_scale(state);
+  }
+  /// The loss scale's state on the device (waits for it): scale, clean steps in a row, steps
+  /// skipped so far, and whether the last step's gradients overflowed.
+  ops::LossScaleState read_loss_scale() {
+    XTRAIN_CHECK(growth_interval_ > 0, ValueError, "read_loss_scale: loss scaling is off (set_loss_scaling)");
+    ops::LossScaleState s;
+    dev_.download(&s, scaling_.data(), 1);
+    dev_.synchronize();
+    return s;
+  }
+  /// Sets the loss scale's state on the device (a resumed run's).
+  void upload_loss_scale(const ops::LossScaleState& state) {
+    XTRAIN_CHECK(growth_interval_ > 0, ValueError, "upload_loss_scale: loss scaling is off (set_loss_scaling)");
+    dev_.upload(scaling_.data(), &state, 1);
+  }
+
   /// The learning rate of the steps enqueued from now on (copied to the device when it changes).
   void set_lr(float lr) {
     if (lr == lr_now_) return;
@@ -111,7 +142,8 @@ class DeviceModel {
                           double normaliser, bool first, bool last) {
     if (first) dev_.zero(grads_.data(), arena_.size());
     const float* out = lowered_.forward(ctx_, x, n, sample);
-    const float* dout = loss_.enqueue(dev_, out, targets, n, lowered_.out_shape(sample), normaliser, metrics_.data());
+    const float* dout =
+        loss_.enqueue(dev_, out, targets, n, lowered_.out_shape(sample), normaliser, metrics_.data(), loss_scale());
     lowered_.backward(ctx_, dout, false);
     if (last) enqueue_optimizer();
   }
@@ -121,9 +153,18 @@ class DeviceModel {
   void set_sample_offset(std::uint64_t samples) { dev_.set_scalar(sample_offset_.data(), samples); }
 
  private:
-  // Clipping (when set), the optimizer, the bf16 copy of the parameters.
+  ops::LossScaleState* loss_scale() const noexcept { return growth_interval_ ? scaling_.data() : nullptr; }
+
+  // Unscaling and the overflow check (fp16), clipping (when set), the optimizer, the low-precision
+  // copy of the parameters.
   void enqueue_optimizer() {
     const std::size_t size = arena_.size();
+    ops::LossScaleState* scaling = loss_scale();
+    if (scaling) {
+      dev_.launch(ops::LossScaleBegin{scaling});
+      dev_.launch(ops::UnscaleGradients{grads_.data(), scaling, size});
+      dev_.launch(ops::UpdateLossScale{scaling, 2.0f, 0.5f, growth_interval_});  // keeps `found` for the step
+    }
     if (clip_norm_ > 0.0) {
       const ops::LaneSumsOfSquares sums{grads_.data(), norm_sums_.data(), size};
       dev_.launch(sums);
@@ -133,7 +174,7 @@ class DeviceModel {
     if (clip_norm_ > 0.0 || clip_value_ > 0.0f)
       dev_.launch(
           ops::ClipGradients{grads_.data(), clip_norm_ > 0.0 ? clip_scalars_.data() + 1 : nullptr, size, clip_value_});
-    optimizer_state_.enqueue(dev_, values_.data(), grads_.data(), lr_.data(), step_.data());
+    optimizer_state_.enqueue(dev_, values_.data(), grads_.data(), lr_.data(), step_.data(), scaling);
     round_parameters();
   }
 
@@ -185,9 +226,11 @@ class DeviceModel {
     lowered_.download(ctx_);
   }
 
-  /// The bf16 copy of the parameters the products read under MixedPrecision<bf16> (device memory;
-  /// null in fp32): each optimizer step and upload() rounds the parameters into it.
-  const bf16* bf16_parameters() const noexcept { return ctx_.lowp_values; }
+  /// The bf16 or fp16 copy of the parameters the products read under MixedPrecision<bf16> or
+  /// <fp16> (device memory; null otherwise): each optimizer step and upload() rounds the
+  /// parameters into it.
+  const bf16* bf16_parameters() const noexcept { return ctx_.lowp_values.b; }
+  const fp16* fp16_parameters() const noexcept { return ctx_.lowp_values.h; }
 
   /// The shape of the model's output for samples of shape `sample`.
   Shape out_shape(const Shape& sample) const { return lowered_.out_shape(sample); }
@@ -195,15 +238,17 @@ class DeviceModel {
 
  private:
   void reset_metrics() { dev_.zero(metrics_.data(), 1); }
-  // The bf16 copy of the parameters the products read (MixedPrecision<bf16>).
+  // The low-precision copy of the parameters the products read (MixedPrecision).
   void round_parameters() {
-    if (ctx_.lowp_values) dev_.launch(ops::ToBf16{values_.data(), lowp_values_.data(), arena_.size()});
+    if (ctx_.lowp_values.b) dev_.launch(ops::ToBf16{values_.data(), bf16_values_.data(), arena_.size()});
+    if (ctx_.lowp_values.h) dev_.launch(ops::ToFp16{values_.data(), fp16_values_.data(), arena_.size()});
   }
 
   D& dev_;
   ParamArena& arena_;
   Buffer<float> values_, grads_;
-  Buffer<bf16> lowp_values_;
+  Buffer<bf16> bf16_values_;
+  Buffer<fp16> fp16_values_;
   DeviceOptimizer<Optimizer, D> optimizer_state_;
   Buffer<ops::Metrics> metrics_;
   Buffer<std::uint64_t> step_, sample_offset_;
@@ -215,6 +260,8 @@ class DeviceModel {
   double clip_norm_ = 0.0;
   float clip_value_ = 0.0f;
   Buffer<double> norm_sums_, clip_scalars_;  // the segments' sums of squares; [norm, coefficient]
+  Buffer<ops::LossScaleState> scaling_;      // fp16's loss scale
+  std::uint64_t growth_interval_ = 0;        // 0: no loss scaling
   std::uint64_t step_host_ = 0;
 };
 

@@ -7,7 +7,8 @@
 /// Adam and AdamW (optim::Adam's update), SGD (momentum, dampening, Nesterov, weight decay).
 /// Each has:
 ///   DeviceOptimizer(D&, const Optimizer&, std::size_t n)
-///   void enqueue(D&, float* values, const float* grads, const float* lr, std::uint64_t* step)
+///   void enqueue(D&, float* values, const float* grads, const float* lr, std::uint64_t* step,
+///                const ops::LossScaleState* scaling)   (fp16: skips a step whose gradients overflowed)
 ///   void upload(D&, const Optimizer::State&)   (vectors shorter than n: zeros, a fresh state)
 ///   void download(D&, Optimizer::State&)       (into the vectors that are not empty)
 
@@ -53,8 +54,10 @@ class DeviceAdam {
 
  public:
   DeviceAdam(D& dev, const Optimizer& o, std::size_t n) : o_(o), n_(n), m_(dev, n), v_(dev, n), scalars_(dev, 1) {}
-  void enqueue(D& dev, float* values, const float* grads, const float* lr, std::uint64_t* step) {
-    dev.launch(ops::AdamPrepare{lr, step, scalars_.data(), o_.beta1(), o_.beta2(), o_.eps(), o_.weight_decay()});
+  void enqueue(D& dev, float* values, const float* grads, const float* lr, std::uint64_t* step,
+               const ops::LossScaleState* scaling = nullptr) {
+    dev.launch(
+        ops::AdamPrepare{lr, step, scalars_.data(), o_.beta1(), o_.beta2(), o_.eps(), o_.weight_decay(), scaling});
     dev.launch(ops::AdamUpdate<decoupled>{values, m_.data(), v_.data(), grads, scalars_.data(), n_});
   }
   void upload(D& dev, const typename Optimizer::State& s) {
@@ -90,8 +93,9 @@ class DeviceOptimizer<optim::SGD, D> {
       : o_(o), n_(n), buf_(dev, o.momentum() != 0.0f ? n : 0), scalars_(dev, 1) {
     (void)o.init(0);  // its checks (Nesterov needs momentum and no dampening)
   }
-  void enqueue(D& dev, float* values, const float* grads, const float* lr, std::uint64_t* step) {
-    dev.launch(ops::SgdPrepare{lr, step, scalars_.data()});
+  void enqueue(D& dev, float* values, const float* grads, const float* lr, std::uint64_t* step,
+               const ops::LossScaleState* scaling = nullptr) {
+    dev.launch(ops::SgdPrepare{lr, step, scalars_.data(), scaling});
     dev.launch(ops::SgdUpdate{values, buf_.data(), grads, scalars_.data(), n_, o_.momentum(), 1.0f - o_.dampening(),
                               o_.weight_decay(), o_.nesterov()});
   }

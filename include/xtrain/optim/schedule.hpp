@@ -72,6 +72,8 @@ class LrSchedule {
   }
 
   Kind kind() const noexcept { return kind_; }
+  /// Whether the rate depends on the step (a warmup, or a kind other than constant).
+  bool varies() const noexcept { return kind_ != Kind::constant || warmup_ != 0; }
 
   /// "constant", "step(100, gamma=0.1)", "cosine(1000, min_lr=0)", with ", warmup(10, 0)".
   std::string describe() const {

@@ -69,7 +69,7 @@ class CudaDevice {
   void launch(const Body& body) {
     backend::cuda::launch(gpu_.stream(), body);
   }
-  template <class T>  // float or bf16 operands
+  template <class T>  // float, bf16 or fp16 operands
   void gemm(const ops::RowMajorGemm& g, const T* a, const T* b, float* c, float alpha, float beta,
             const float* bias = nullptr) {
     gemm_.run(gpu_, g, a, b, c, alpha, beta, bias);
@@ -153,12 +153,14 @@ class StepGraph {
 /// host ParamArena the program owns; model() is the host copy); train with train_epoch() on a
 /// data set uploaded by set_data(); download() writes the weights and BatchNorm buffers back into
 /// model() (to save, export or evaluate on the CPU). Precision: FullPrecision, or
-/// MixedPrecision<bf16> (the products of Linear and Conv2d on tensor cores: bf16 operands, fp32
-/// accumulation; the rest fp32).
+/// MixedPrecision<bf16> or <fp16> (the products of Linear and Conv2d on tensor cores: bf16 or fp16
+/// operands, fp32 accumulation; the rest fp32; fp16 with dynamic loss scaling on the device, from
+/// 65536 and doubled after 2000 clean steps as PyTorch's GradScaler: loss_scale()).
 template <class Model, class Optimizer, class Precision = FullPrecision>
 class Program {
-  static_assert(std::is_same_v<Precision, FullPrecision> || std::is_same_v<Precision, MixedPrecision<bf16>>,
-                "xtrain: cuda::Program runs in FullPrecision or MixedPrecision<bf16> so far");
+  static_assert(std::is_same_v<Precision, FullPrecision> || std::is_same_v<Precision, MixedPrecision<bf16>> ||
+                    std::is_same_v<Precision, MixedPrecision<fp16>>,
+                "xtrain: cuda::Program runs in FullPrecision, MixedPrecision<bf16> or MixedPrecision<fp16>");
 
  public:
   /// `batch`: the rows of every training step (the last partial batch of an epoch is dropped);
@@ -169,12 +171,12 @@ class Program {
         batch_(batch),
         arena_(adopt_model(model_, ParamArena::alignment, memory::host())),
         dev_(gpu),
-        device_(dev_, model_, arena_, optimizer, seed, loss::CrossEntropyLoss{},
-                std::is_same_v<Precision, MixedPrecision<bf16>>),
+        device_(dev_, model_, arena_, optimizer, seed, loss::CrossEntropyLoss{}, lowering::products_of<Precision>()),
         cursor_(gpu, 1) {
     XTRAIN_CHECK(batch > 1, ValueError, "cuda::Program: batch ", batch, " (BatchNorm needs 2 or more rows)");
     device_.upload(typename Optimizer::State{}, 0);
     device_.set_lr(optimizer.learning_rate());
+    if constexpr (Precision::uses_loss_scaling) device_.set_loss_scaling({}, 2000);
   }
   Program(const Program&) = delete;
   Program& operator=(const Program&) = delete;
@@ -275,6 +277,9 @@ class Program {
   ParamArena& arena() noexcept { return arena_; }
   /// Nodes of the captured step (kernels, copies, memsets); 0 before the capture.
   std::size_t graph_nodes() const noexcept { return graph_.nodes(); }
+  /// Under MixedPrecision<fp16>: the loss scale's state (scale, steps skipped for overflow; waits
+  /// for the GPU).
+  ops::LossScaleState loss_scale() { return device_.read_loss_scale(); }
   Cuda& gpu() noexcept { return gpu_; }
 
  private:

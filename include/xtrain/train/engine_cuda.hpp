@@ -1,6 +1,6 @@
 #pragma once
 /// \file engine_cuda.hpp
-/// Engine<Model, Optimizer, FullPrecision or MixedPrecision<bf16>, SingleProcess, backend::Cuda, Loss>: what
+/// Engine<Model, Optimizer, Precision, SingleProcess, backend::Cuda, Loss>: what
 /// `Trainer<..., backend::Cuda>` runs on (nvcc only; engine.hpp includes it under nvcc). Each
 /// micro-step copies the batch to the GPU and launches the step there (cuda::DeviceModel: the
 /// model lowered layer by layer; from the second step of a batch size on, one CUDA graph). The
@@ -16,14 +16,20 @@
 /// device before the next step. So a GPU run's checkpoints and exports are the CPU's files, and a
 /// run resumes on either backend.
 ///
-/// MixedPrecision<bf16>: the products of Linear and Conv2d on tensor cores (bf16 operands, fp32
-/// accumulation), the rest in fp32 (activations are not stored in bf16 on the GPU yet).
+/// MixedPrecision<bf16> and <fp16>: the products of Linear and Conv2d on tensor cores (bf16 or
+/// fp16 operands, fp32 accumulation), the rest in fp32 (activations are not stored in 16 bits on
+/// the GPU yet). Under fp16 the dynamic loss scale lives on the device (the step's graph scales,
+/// unscales, checks and skips; the host is not asked); the host mirror's loss_scaler() and
+/// optimizer_steps() follow it when the device is read: every step when the learning rate's
+/// schedule varies (the rate of the next step depends on the steps skipped; StepResult::skipped
+/// is set then), otherwise when the metrics are read (epoch ends, log intervals) and at saves
+/// (StepResult::skipped stays false).
 ///
 /// Gradient accumulation (TrainingOptions::accumulate): the window's micro-steps add into the
 /// gradients on the device, its last steps the optimizer; Dropout draws the masks of the whole
 /// window's batch, as on the CPU.
 ///
-/// Not yet on the GPU: fp16 (loss scaling), several ranks, parameter groups, ZeRO, the
+/// Not yet on the GPU: several ranks, parameter groups, ZeRO, the
 /// deterministic reduction, cross-entropy's ignore index; each is refused when the Trainer is
 /// built, by name. Losses: cross-entropy and MSE.
 
@@ -50,9 +56,10 @@ namespace xtrain {
 
 template <class Model, class Optimizer, class PrecisionPolicy, class Communicator, class Loss>
 class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Loss> {
-  static_assert(std::is_same_v<PrecisionPolicy, FullPrecision> || std::is_same_v<PrecisionPolicy, MixedPrecision<bf16>>,
-                "xtrain: backend::Cuda trains in FullPrecision or MixedPrecision<bf16> so far; MixedPrecision<fp16> "
-                "(dynamic loss scaling) on the GPU is not built yet");
+  static_assert(std::is_same_v<PrecisionPolicy, FullPrecision> ||
+                    std::is_same_v<PrecisionPolicy, MixedPrecision<bf16>> ||
+                    std::is_same_v<PrecisionPolicy, MixedPrecision<fp16>>,
+                "xtrain: backend::Cuda trains in FullPrecision, MixedPrecision<bf16> or MixedPrecision<fp16>");
   static_assert(std::is_same_v<Communicator, parallel::SingleProcess>,
                 "xtrain: backend::Cuda trains on one process so far (parallel::SingleProcess)");
   static_assert(std::is_same_v<Loss, loss::CrossEntropyLoss> || std::is_same_v<Loss, loss::MSELoss>,
@@ -67,8 +74,9 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
         dev_(gpu_),
         host_(std::move(model), optimizer, std::move(communicator), checked(std::move(options)), std::move(loss)),
         device_(dev_, host_.model(), host_.params(), optimizer, host_.options().seed(), host_.loss(),
-                std::is_same_v<PrecisionPolicy, MixedPrecision<bf16>>) {
+                lowering::products_of<PrecisionPolicy>()) {
     device_.set_clipping(host_.options().clip_grad_norm(), host_.options().clip_grad_value());
+    if constexpr (loss_scaling) device_.set_loss_scaling({}, host_.options().loss_scale_growth_interval());
   }
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -121,6 +129,8 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
     r.lr = lr;
     r.samples = micro_samples_ + global_count;
     if (last) {
+      if constexpr (loss_scaling)  // the next step's rate counts the applied steps: read them now
+        if (host_.options().schedule().varies()) r.skipped = read_loss_scale().found != 0;
       host_.restore(host_.step() + 1, host_.options().seed(), host_.options().schedule());
       micro_ = micro_samples_ = 0;
     } else {
@@ -137,6 +147,7 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
   /// Adds what the device summed since the last flush to `sums` (waits for the GPU).
   void flush_step_metrics(double* sums) {
     const kernels::device::Metrics m = device_.read_metrics();
+    if constexpr (loss_scaling) (void)read_loss_scale();
     sums[0] += m.loss_sum;
     sums[1] += static_cast<double>(m.correct);
     sums[2] += terms_;
@@ -266,6 +277,15 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
     return predicted_;
   }
 
+  static constexpr bool loss_scaling = PrecisionPolicy::uses_loss_scaling;
+
+  // The device's loss scale into the host mirror's scaler (its skipped steps: optimizer_steps()).
+  kernels::device::LossScaleState read_loss_scale() {
+    const kernels::device::LossScaleState s = device_.read_loss_scale();
+    host_.loss_scaler().restore(s.scale, s.tracker, s.skipped);
+    return s;
+  }
+
   void reset_graphs() noexcept {
     for (cuda::StepGraph& g : graphs_) g.reset();
   }
@@ -274,6 +294,7 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
     if (!device_changed_) return;
     gpu_.make_current();
     device_.download(&host_.optimizer_state());
+    if constexpr (loss_scaling) (void)read_loss_scale();
     device_changed_ = false;
   }
   // The host mirror's state onto the device, if the host changed it since.
@@ -286,6 +307,14 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
       reset_graphs();
     }
     device_.upload(host_.optimizer_state(), host_.optimizer_steps());
+    if constexpr (loss_scaling) {
+      const DynamicLossScaler& s = host_.loss_scaler();
+      kernels::device::LossScaleState state;
+      state.scale = s.scale();
+      state.tracker = s.growth_tracker();
+      state.skipped = s.skipped_steps();
+      device_.upload_loss_scale(state);
+    }
     host_changed_ = false;
   }
 
