@@ -386,15 +386,16 @@ struct LayerNormParamGrad {
 struct Metrics {
   double loss_sum = 0.0;        ///< sum of the per-sample losses
   std::int64_t correct = 0;     ///< correct argmax predictions
-  std::int64_t samples = 0;     ///< samples summed
+  std::int64_t samples = 0;     ///< rows summed (one per sample, or per token; ignored ones too)
   std::int64_t bad_labels = 0;  ///< labels outside [0, classes) (their rows add nothing)
   float last_loss = 0.0f;       ///< the last step's loss (sum / normaliser)
 };
 
 /// Cross-entropy with log-softmax over the rows of `logits` [rows, classes] (one thread per
 /// row): grad = (softmax - onehot) * scale, row_loss[r] = logsumexp - logit[label], row_correct[r]
-/// = argmax == label (the first maximum, as the CPU loss). A label outside [0, classes) gives a
-/// zero row and row_correct -1.
+/// = argmax == label (the first maximum, as the CPU loss). The ignore index (when `has_ignore`)
+/// gives a zero row that adds nothing; any other label outside [0, classes) a zero row and
+/// row_correct -1.
 struct SoftmaxCrossEntropy {
   const float* logits;
   const std::int32_t* labels;
@@ -404,15 +405,18 @@ struct SoftmaxCrossEntropy {
   std::size_t rows, classes;
   float scale;
   const LossScaleState* loss_scale = nullptr;  ///< fp16: the gradient is multiplied by its scale
+  std::int32_t ignore = 0;                     ///< CrossEntropyLoss::ignore_index, when has_ignore
+  bool has_ignore = false;
   XTRAIN_HD std::size_t count() const { return rows; }
   XTRAIN_HD void operator()(std::size_t r) const {
     const float* z = logits + r * classes;
     float* g = grad + r * classes;
     const std::int32_t y = labels[r];
-    if (y < 0 || static_cast<std::size_t>(y) >= classes) {
+    const bool ignored = has_ignore && y == ignore;
+    if (ignored || y < 0 || static_cast<std::size_t>(y) >= classes) {
       for (std::size_t j = 0; j < classes; ++j) g[j] = 0.0f;
       row_loss[r] = 0.0;
-      row_correct[r] = -1;
+      row_correct[r] = ignored ? 0 : -1;
       return;
     }
     std::size_t argmax = 0;

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/tensor.hpp"
@@ -49,28 +50,33 @@ class LossRows {
 };
 }  // namespace detail
 
-/// Softmax cross-entropy over [n, classes] logits; the hits counted; a label outside
-/// [0, classes) adds nothing and is counted as bad (read_metrics reports it).
+/// Softmax cross-entropy over the last dimension of the output (a sample's [classes], or
+/// [T, classes]: one label per row, per token), the hits counted; the ignore index (when set) adds
+/// nothing; any other label outside [0, classes) adds nothing and is counted as bad (read_metrics
+/// reports it).
 template <class D>
 class DeviceLoss<loss::CrossEntropyLoss, D> : detail::LossRows<D> {
  public:
   using target_type = std::int32_t;
-  DeviceLoss(D&, const loss::CrossEntropyLoss& l) {
-    XTRAIN_CHECK(!l.ignore_index(), ValueError,
-                 "the device's CrossEntropyLoss has no ignore_index yet; train with a CPU backend for it");
-  }
+  DeviceLoss(D&, const loss::CrossEntropyLoss& l) : ignore_(l.ignore_index()) {}
   const float* enqueue(D& dev, const float* logits, const std::int32_t* labels, std::size_t n, const Shape& out,
                        double normaliser, ops::Metrics* metrics, const ops::LossScaleState* loss_scale = nullptr) {
-    XTRAIN_CHECK(out.rank() == 1, ShapeError, "the device's cross-entropy: the model's output per sample is ",
-                 out.str(), ", expected [classes]");
-    const std::size_t classes = out[0];
-    this->reserve(dev, n, n * classes);
+    XTRAIN_CHECK(out.rank() >= 1 && out[out.rank() - 1] > 0, ShapeError,
+                 "the device's cross-entropy: the model's output per sample is ", out.str(),
+                 ", expected [classes] or [..., classes]");
+    const std::size_t classes = out[out.rank() - 1], rows = n * (out.elements() / classes);
+    this->reserve(dev, rows, rows * classes);
+    // (every label ignored: a normaliser of 0, and a loss and gradient of 0 as on the CPU)
+    const float scale = normaliser > 0.0 ? static_cast<float>(1.0 / normaliser) : 0.0f;
     dev.launch(ops::SoftmaxCrossEntropy{logits, labels, this->grad_.data(), this->row_loss_.data(),
-                                        this->row_correct_.data(), n, classes, static_cast<float>(1.0 / normaliser),
-                                        loss_scale});
-    dev.launch(ops::SumLossRows{this->row_loss_.data(), this->row_correct_.data(), metrics, n, normaliser});
+                                        this->row_correct_.data(), rows, classes, scale, loss_scale,
+                                        ignore_.value_or(0), ignore_.has_value()});
+    dev.launch(ops::SumLossRows{this->row_loss_.data(), this->row_correct_.data(), metrics, rows, normaliser});
     return this->grad_.data();
   }
+
+ private:
+  std::optional<std::int32_t> ignore_;
 };
 
 /// The squared error summed over every element (PyTorch's MSELoss: the normaliser is the

@@ -29,9 +29,9 @@
 /// gradients on the device, its last steps the optimizer; Dropout draws the masks of the whole
 /// window's batch, as on the CPU.
 ///
-/// Not yet on the GPU: several ranks, parameter groups, ZeRO, the
-/// deterministic reduction, cross-entropy's ignore index; each is refused when the Trainer is
-/// built, by name. Losses: cross-entropy and MSE.
+/// Not yet on the GPU: several ranks, parameter groups, ZeRO, the deterministic reduction; each
+/// is refused when the Trainer is built, by name. Losses: cross-entropy (per sample or per token,
+/// with an ignore index) and MSE.
 
 #if !defined(__CUDACC__)
 #error "xtrain/train/engine_cuda.hpp is compiled by nvcc (a .cu file, or CMake's LANGUAGE CUDA)"
@@ -98,9 +98,11 @@ class Engine<Model, Optimizer, PrecisionPolicy, Communicator, backend::Cuda, Los
       XTRAIN_CHECK(y.shape().rank() == out.rank() + 1 && std::equal(out.begin(), out.end(), y.shape().begin() + 1),
                    ShapeError, "backend::Cuda: MSELoss targets of shape ", y.shape().str(), " for outputs of shape [",
                    rows, ", ", out.str().substr(1));
-    } else {
-      XTRAIN_CHECK(y.dimension() == 1, ShapeError, "backend::Cuda: labels of shape ", y.shape().str(), ", expected [",
-                   rows, "] (one class id per sample)");
+    } else {  // one class id per row of the output: its shape without the classes
+      const Shape out = device_.out_shape(sample);
+      XTRAIN_CHECK(y.shape().rank() == out.rank() && std::equal(out.begin(), out.end() - 1, y.shape().begin() + 1),
+                   ShapeError, "backend::Cuda: labels of shape ", y.shape().str(), " for outputs of shape [", rows,
+                   ", ", out.str().substr(1), " (expected the outputs' shape without its last dimension)");
     }
     gpu_.make_current();
     to_device();
