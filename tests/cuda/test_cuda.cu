@@ -294,6 +294,42 @@ void mse_against_cpu() {
   expect(before > 0.1 && g.test.loss < 0.01 && std::fabs(c.test.loss - g.test.loss) < 0.25 * c.test.loss,
          "MSELoss (Tanh, SiLU) under the Trainer on the GPU: the CPU's fit");
 }
+
+// A model over tokens with float features ([N, T, 6]: Linear, a residual LayerNorm + causal
+// self-attention, GELU, Linear to [N, T, 5]) and per-token cross-entropy with a quarter of the
+// labels ignored: three Adam steps of the GPU engine as the CPU engine's.
+void tokens_against_cpu() {
+  const auto make = [] {
+    xtrain::set_seed(13);
+    return nn::Sequential{nn::Linear{6, 16},
+                          nn::Residual{nn::Sequential{nn::LayerNorm{16}, nn::CausalSelfAttention{16, 2}}}, nn::GELU{},
+                          nn::Linear{16, 5}};
+  };
+  using Net = decltype(make());
+  using Adam = xtrain::optim::Adam;
+  const auto ce = xtrain::loss::CrossEntropyLoss{}.ignore_index(-100);
+  xtrain::Engine<Net, Adam> cpu(make(), Adam{}.lr(1e-2f), xtrain::parallel::SingleProcess{}, {}, ce);
+  xtrain::Engine<Net, Adam, xtrain::FullPrecision, xtrain::parallel::SingleProcess, xtrain::backend::Cuda> gpu(
+      make(), Adam{}.lr(1e-2f), xtrain::parallel::SingleProcess{}, {}, ce);
+  xtrain::Generator g(17, xtrain::streams::user);
+  double cpu_loss = 0.0;
+  for (int step = 0; step < 3; ++step) {
+    Tensor<float> x({4, 8, 6});
+    for (float& v : x) v = g.uniform(-1.0f, 1.0f);
+    Tensor<std::int32_t> y({4, 8});
+    for (std::size_t i = 0; i < y.size(); ++i)
+      y.data()[i] = i % 4 == 1 ? -100 : std::min(static_cast<std::int32_t>(g.uniform(0.0f, 5.0f)), 4);
+    cpu.micro_step(x, y, 0, 4);
+    cpu_loss += cpu.last_loss_sum();
+    gpu.micro_step(x, y, 0, 4);
+  }
+  double sums[4] = {0.0, 0.0, 0.0, 0.0};
+  gpu.flush_step_metrics(sums);
+  const auto wc = cpu.params().values(), wg = gpu.params().values();
+  std::printf("      tokens: loss sums CPU %.6f GPU %.6f\n", cpu_loss, sums[0]);
+  expect(std::fabs(sums[0] - cpu_loss) < 1e-5 * cpu_loss && relative_error(wg.data(), wc.data(), wc.size()) < 1e-4,
+         "LayerNorm, causal self-attention and per-token cross-entropy (ignore index) on the GPU: the CPU's steps");
+}
 }  // namespace
 
 int main() {
@@ -379,6 +415,7 @@ int main() {
       cnn_models::lenet, split.train, split.test, 3200, xtrain::optim::Adam{}.lr(1e-3f),
       xtrain::TrainingOptions{}.loss_scale(16777216.0f, 10).schedule(xtrain::optim::LrSchedule::cosine(50)));
   mse_against_cpu();
+  tokens_against_cpu();
 
   std::printf("%s\n", failures ? "FAILED" : "all passed");
   return failures ? 1 : 0;

@@ -1,5 +1,5 @@
-// lowering/dense.hpp: Linear, the activations, Flatten and Dropout lowered on the host device against the CPU
-// layers (Dropout's masks bitwise: the same Philox stream and counter).
+// lowering/dense.hpp: Linear, the activations, Flatten, Dropout and LayerNorm lowered on the host device against the
+// CPU layers (Dropout's masks bitwise: the same Philox stream and counter).
 #include <catch2/catch.hpp>
 
 #include "lowering/helpers.hpp"

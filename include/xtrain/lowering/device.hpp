@@ -197,7 +197,7 @@ class Lowered {
   static_assert(no_lowering<L>,
                 "xtrain: backend::Cuda has no device implementation of this layer yet (lowered so far: Sequential, "
                 "Residual, BasicBlock, Linear, Conv2d, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, BatchNorm1d, "
-                "BatchNorm2d, LayerNorm, the activations, Dropout, Flatten)");
+                "BatchNorm2d, LayerNorm, CausalSelfAttention, the activations, Dropout, Flatten)");
 };
 
 /// Whether lowered layer L has no parameters (it declares `static constexpr bool parameter_free`

@@ -14,6 +14,7 @@
 #include "xtrain/core/param_arena.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/device_ops.hpp"
+#include "xtrain/lowering/attention.hpp"
 #include "xtrain/lowering/batch_norm.hpp"
 #include "xtrain/lowering/composite.hpp"
 #include "xtrain/lowering/conv.hpp"
