@@ -31,6 +31,8 @@ COVERED_ELSEWHERE = {
     "kernels/conv_direct.hpp": (["layers/test_conv_kernels.cpp"], "as above"),
     "kernels/conv_lanes.hpp": (["layers/test_conv_kernels.cpp"], "as above"),
     "kernels/conv_lanes_bf16.hpp": (["layers/test_conv_kernels.cpp"], "as above"),
+    "kernels/device_sequence.hpp": (["lowering/test_dense.cpp", "lowering/test_attention.cpp"],
+                                    "LayerNorm and causal self-attention against the CPU layers"),
     "kernels/device_conv.hpp": (["lowering/test_conv.cpp", "lowering/test_batch_norm.cpp", "lowering/test_composite.cpp"],
                                 "the image bodies, through the lowered layers against the CPU's"),
     "lowering/device.hpp": (["lowering/test_model.cpp"], "HostDevice runs every lowering test"),

@@ -1,7 +1,7 @@
 #pragma once
 /// \file attention.hpp
 /// The device implementation (lowering/device.hpp) of CausalSelfAttention: its two projections
-/// as lowered Linear layers, the attention between them as device bodies (kernels/device_ops.hpp:
+/// as lowered Linear layers, the attention between them as device bodies (kernels/device_sequence.hpp:
 /// CausalAttentionForward and its backward), one thread per sequence, head and position, nothing
 /// of T x T stored (the log-sum-exp of each row kept for backward, the probabilities recomputed),
 /// every sum in a fixed order without atomics. fp32 throughout (the products of the projections
@@ -13,6 +13,7 @@
 #include "xtrain/core/error.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/device_ops.hpp"
+#include "xtrain/kernels/device_sequence.hpp"
 #include "xtrain/layers/attention.hpp"
 #include "xtrain/lowering/dense.hpp"
 #include "xtrain/lowering/device.hpp"

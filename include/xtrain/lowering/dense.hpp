@@ -12,6 +12,7 @@
 #include "xtrain/core/rng.hpp"
 #include "xtrain/core/tensor.hpp"
 #include "xtrain/kernels/device_ops.hpp"
+#include "xtrain/kernels/device_sequence.hpp"
 #include "xtrain/layers/activations.hpp"
 #include "xtrain/layers/dropout.hpp"
 #include "xtrain/layers/layer_norm.hpp"
